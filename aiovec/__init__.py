@@ -1,0 +1,33 @@
+"""aiovec: an asyncio-native orchestrator for gymnasium environments in worker processes."""
+
+from . import envs as _envs  # registers the aiovec/* synthetic envs
+from .errors import (
+    AiovecError,
+    ClosedError,
+    ConfigError,
+    EnvError,
+    EnvStateError,
+    InvalidActionError,
+    StepTimeoutError,
+    WorkerCrashedError,
+)
+from .loop import run
+from .make import make
+from .vecenv import AsyncVecEnv, StepResult
+
+__all__ = [
+    "AiovecError",
+    "AsyncVecEnv",
+    "ClosedError",
+    "ConfigError",
+    "EnvError",
+    "EnvStateError",
+    "InvalidActionError",
+    "StepResult",
+    "StepTimeoutError",
+    "WorkerCrashedError",
+    "make",
+    "run",
+]
+__version__ = "0.1.0"
+del _envs

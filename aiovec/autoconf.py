@@ -1,0 +1,69 @@
+"""A static choice of worker count (and spinning) from a probe of the env's step cost.
+
+The adaptive controller refines this at run time; this is the starting point,
+and what ``num_workers="auto"`` means when no controller runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+# One IPC round trip costs ~25-120 us here; a worker should get at least this much env
+# work per command to make the trip worth it.
+MIN_WORK_PER_COMMAND_S = 200e-6
+SPIN_S = 200e-6
+
+
+@dataclass(frozen=True)
+class StepCost:
+    cpu_s: float
+    wall_s: float
+
+    @property
+    def waiting_share(self) -> float:
+        return 0.0 if self.wall_s <= 0 else max(0.0, 1.0 - self.cpu_s / self.wall_s)
+
+
+def probe_step_cost(env: Any, max_steps: int = 20, max_s: float = 0.05) -> StepCost | None:
+    """Time up to ``max_steps`` random steps of ``env`` (at most ~``max_s``); None if it cannot step."""
+    try:
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        cpu = wall = 0.0
+        steps = 0
+        deadline = time.perf_counter() + max_s
+        while steps < max_steps and time.perf_counter() < deadline:
+            action = env.action_space.sample()
+            c0, w0 = time.thread_time(), time.perf_counter()
+            _, _, term, trunc, _ = env.step(action)
+            cpu += time.thread_time() - c0
+            wall += time.perf_counter() - w0
+            steps += 1
+            if term or trunc:
+                env.reset()
+        return StepCost(cpu / steps, wall / steps) if steps else None
+    except Exception:
+        return None
+
+
+def plan_workers(num_envs: int, cost: StepCost | None, cpus: int) -> int:
+    """Workers for ``num_envs`` envs of this cost on ``cpus`` CPUs.
+
+    CPU-bound envs: no more workers than CPUs, and no more than keeps each command
+    above ``MIN_WORK_PER_COMMAND_S``. Waiting envs: a worker per env overlaps the
+    waits (up to 8 per CPU).
+    """
+    if cost is None:
+        return max(1, min(num_envs, cpus))
+    if cost.waiting_share > 0.5:
+        return max(1, min(num_envs, 8 * cpus))
+    by_work = math.ceil(num_envs * cost.wall_s / MIN_WORK_PER_COMMAND_S)
+    return max(1, min(num_envs, cpus, by_work))
+
+
+def spin_for(num_workers: int, cpus: int) -> float:
+    """Spin after replies only when workers leave the parent a CPU of its own."""
+    return SPIN_S if num_workers < cpus else 0.0

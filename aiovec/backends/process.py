@@ -1,0 +1,213 @@
+"""Workers as processes, each backed by its own single-process ``ProcessPoolExecutor``.
+
+The executor owns process start-up (start method, initializer); one long-lived
+``serve`` task is the worker's lifetime, so its future fails with
+``BrokenProcessPool`` when the process dies. One executor per worker isolates
+crashes. The hot path bypasses the executor: bulk data sits in shared memory and
+a socket pair carries a few bytes per command and per reply; the parent watches
+the socket with ``loop.add_reader``, so it wakes once per ready worker batch and
+never polls or spins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import signal
+import threading
+import weakref
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
+
+from .. import protocol as P
+from .. import worker as worker_side
+from ..shm import SharedBuffers
+from .base import Backend, ExitCallback, ReplyCallback, WorkerHandle
+
+_live: weakref.WeakSet[ProcessWorker] = weakref.WeakSet()
+
+
+def _kill_all_at_exit() -> None:
+    # Runs before concurrent.futures joins its executor threads at interpreter exit;
+    # without it a never-closed vector env would hang the interpreter on exit.
+    for w in list(_live):
+        w.kill()
+
+
+threading._register_atexit(_kill_all_at_exit)  # type: ignore[attr-defined]
+
+
+def get_context(name: str | None) -> Any:
+    """The multiprocessing context for workers; ``fork`` is refused (see README)."""
+    from ..errors import ConfigError
+
+    name = name or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    if name == "fork":
+        raise ConfigError(
+            "context='fork' is not supported: forked workers inherit every other worker's pipes "
+            "(a dead worker then hangs the parent) and are unsafe with threads; use 'forkserver' or 'spawn'"
+        )
+    try:
+        ctx = mp.get_context(name)
+    except ValueError as exc:
+        raise ConfigError(f"unknown start method {name!r}: {exc}") from None
+    if name == "forkserver":
+        # Pre-import the worker's modules once in the fork server: new workers start in milliseconds.
+        from multiprocessing import forkserver
+
+        if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
+            ctx.set_forkserver_preload(["aiovec.worker", "numpy", "gymnasium"])
+    return ctx
+
+
+class ProcessWorker(WorkerHandle):
+    """A worker process; see the module docstring."""
+
+    def __init__(self, worker_id: int, ctx: Any, buffers: SharedBuffers, autoreset_mode: str, spin_s: float,
+                 on_reply: ReplyCallback, on_exit: ExitCallback) -> None:
+        self.worker_id = worker_id
+        self._loop = asyncio.get_running_loop()
+        self._on_reply = on_reply
+        self._on_exit = on_exit
+        self._exited = False
+        self._closing = False
+        self.pid: int | None = None
+        self.exitcode: int | None = None
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        self._conn = parent_conn
+        self._executor = ProcessPoolExecutor(
+            max_workers=1, mp_context=ctx, initializer=worker_side.initialize, initargs=(child_conn, buffers)
+        )
+        self._serve: Future = self._executor.submit(worker_side.serve, autoreset_mode, spin_s)
+        child_conn.close()  # the worker holds its own copy now; EOF then means "worker gone"
+        self._process = next(iter(self._executor._processes.values()))  # type: ignore[attr-defined]
+        self.pid = self._process.pid
+        self._fd = parent_conn.fileno()
+        self._loop.add_reader(self._fd, self._on_readable)
+        self._serve.add_done_callback(self._serve_done_threadsafe)
+        _live.add(self)
+
+    # -- hot path -----------------------------------------------------------------------
+    def send(self, msg: tuple[Any, ...]) -> None:
+        try:
+            self._conn.send_bytes(P.encode(msg))
+        except OSError:
+            pass  # the worker is gone; its exit is reported through on_exit
+
+    def _on_readable(self) -> None:
+        try:
+            data = self._conn.recv_bytes()
+        except (EOFError, OSError):
+            self._loop.remove_reader(self._fd)
+            if not self._closing:
+                # Died (or is dying): the executor reports how, via the serve future.
+                self._loop.call_later(2.0, self._force_exit_report)
+            return
+        self._on_reply(P.decode(data))
+
+    # -- lifetime -----------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return not self._exited
+
+    def _serve_done_threadsafe(self, fut: Future) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._serve_done, fut)
+        except RuntimeError:
+            pass  # loop already closed; close() or the atexit hook cleans up
+
+    def _serve_done(self, fut: Future) -> None:
+        if self._exited:
+            return
+        exc = fut.exception()
+        tb = None
+        if exc is not None and exc.__cause__ is not None:
+            tb = getattr(exc.__cause__, "tb", None)  # concurrent.futures' _RemoteTraceback
+        if exc is not None:
+            self.kill()  # serve raised (or the process died): make sure it is gone
+        self._finish(tb if exc is not None else None, crashed=exc is not None)
+
+    def _force_exit_report(self) -> None:
+        # The pipe closed but the executor did not notice within 2 s: kill and report.
+        if not self._exited:
+            self.kill()
+            self._finish(None, crashed=True)
+
+    def _finish(self, tb: str | None, crashed: bool) -> None:
+        if self._exited:
+            return
+        self._exited = True
+        try:
+            self._loop.remove_reader(self._fd)
+        except Exception:
+            pass
+        self._conn.close()
+        # The executor's management thread reaps the process; wait for it (its process is
+        # gone or going, so this is quick) rather than racing it for the exit status.
+        thread = getattr(self._executor, "_executor_manager_thread", None)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        if thread is not None:
+            thread.join(timeout=2.0)
+        if thread is None or not thread.is_alive():
+            self.exitcode = self._process.exitcode
+        _live.discard(self)
+        if crashed or not self._closing:
+            self._on_exit(self.exitcode, tb)
+
+    def kill(self) -> None:
+        if self.pid is not None and not self._exited:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    async def stop(self, grace: float) -> None:
+        """Called after CLOSE was sent (or the worker died): wait, then kill, then reap."""
+        self._closing = True
+        if not self._exited:
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._serve)), grace)
+            except (asyncio.TimeoutError, Exception):
+                self.kill()
+        if not self._exited:
+            # serve returned; let the executor tell its process to exit, within the grace period.
+            self._executor.shutdown(wait=False)
+            if not await _wait_exit(self._loop, self._process, grace):
+                self.kill()
+            self._finish(None, crashed=False)
+
+
+async def _wait_exit(loop: asyncio.AbstractEventLoop, process: Any, timeout: float) -> bool:
+    """Await a process's exit by watching its sentinel fd (no polling, no thread)."""
+    fut = loop.create_future()
+    fd = process.sentinel
+
+    def ready() -> None:
+        loop.remove_reader(fd)
+        if not fut.done():
+            fut.set_result(None)
+
+    loop.add_reader(fd, ready)
+    try:
+        await asyncio.wait_for(fut, timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+
+
+class ProcessBackend(Backend):
+    """The default backend: one process per worker, shared memory, fd wake-ups."""
+
+    name = "process"
+
+    def __init__(self, ctx: Any, buffers: SharedBuffers, autoreset_mode: str, spin_s: float = 0.0) -> None:
+        self.ctx = ctx
+        self.buffers = buffers
+        self.autoreset_mode = autoreset_mode
+        self.spin_s = spin_s  # applies to workers started from now on
+
+    def start_worker(self, worker_id: int, on_reply: ReplyCallback, on_exit: ExitCallback) -> WorkerHandle:
+        return ProcessWorker(worker_id, self.ctx, self.buffers, self.autoreset_mode, self.spin_s, on_reply, on_exit)

@@ -1,0 +1,33 @@
+"""``aiovec.make``: an :class:`AsyncVecEnv` of a registered gymnasium env id."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import gymnasium as gym
+
+from .errors import ConfigError
+from .vecenv import AsyncVecEnv
+
+_VEC_OPTIONS = frozenset(inspect.signature(AsyncVecEnv.__init__).parameters) - {"self", "env_fns"}
+
+
+def make(env_id: str, num_envs: int, *, env_kwargs: dict[str, Any] | None = None, **options: Any) -> AsyncVecEnv:
+    """``num_envs`` copies of ``gymnasium.make(env_id, **env_kwargs)`` in worker processes.
+
+    Keyword arguments that :class:`AsyncVecEnv` knows (``num_workers``, ``batch_size``,
+    ``autoreset_mode``, ...) configure the vector env; all others go to ``gymnasium.make``.
+    """
+    if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
+        raise ConfigError(f"num_envs must be a positive int, got {num_envs!r}")
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as exc:
+        raise ConfigError(f"unknown env id {env_id!r}: {exc}") from None
+    vec_kwargs = {k: v for k, v in options.items() if k in _VEC_OPTIONS}
+    kwargs = {**(env_kwargs or {}), **{k: v for k, v in options.items() if k not in _VEC_OPTIONS}}
+    # The spec travels with the factory, so envs registered in __main__ work in workers too.
+    factory = functools.partial(gym.make, spec, **kwargs)
+    return AsyncVecEnv([factory] * num_envs, **vec_kwargs)

@@ -1,0 +1,53 @@
+"""Shared-memory slots for every env: actions in, obs/reward/terminated/truncated out.
+
+Built on gymnasium's own shared-memory helpers. The memory comes from
+multiprocessing's heap (an anonymous, already-unlinked file), so nothing is ever
+left behind in ``/dev/shm``; it reaches a worker as an inherited file descriptor
+when the worker process is started. Row ``i`` belongs to env ``i`` whatever worker
+hosts it, so moving an env between workers moves no buffer.
+"""
+
+from __future__ import annotations
+
+from ctypes import c_bool
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector.utils import create_shared_memory, read_from_shared_memory
+
+
+@dataclass
+class Views:
+    """numpy views of the shared buffers, each with one row per env."""
+
+    obs: Any
+    actions: Any
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+
+
+class SharedBuffers:
+    """The shared memory of one vector env; picklable only while starting a worker."""
+
+    def __init__(self, ctx: Any, obs_space: spaces.Space, action_space: spaces.Space, num_envs: int) -> None:
+        self.obs_space = obs_space
+        self.action_space = action_space
+        self.num_envs = num_envs
+        self._obs = create_shared_memory(obs_space, num_envs, ctx)
+        self._actions = create_shared_memory(action_space, num_envs, ctx)
+        self._rewards = ctx.Array("d", num_envs)
+        self._terminations = ctx.Array(c_bool, num_envs)
+        self._truncations = ctx.Array(c_bool, num_envs)
+
+    def views(self) -> Views:
+        n = self.num_envs
+        return Views(
+            obs=read_from_shared_memory(self.obs_space, self._obs, n),
+            actions=read_from_shared_memory(self.action_space, self._actions, n),
+            rewards=np.frombuffer(self._rewards.get_obj(), dtype=np.float64),
+            terminations=np.frombuffer(self._terminations.get_obj(), dtype=np.bool_),
+            truncations=np.frombuffer(self._truncations.get_obj(), dtype=np.bool_),
+        )

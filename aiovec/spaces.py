@@ -1,0 +1,133 @@
+"""Batched views over space-structured buffers, and action validation.
+
+A *view* is what :func:`gymnasium.vector.utils.read_from_shared_memory` returns:
+a numpy array of shape ``(num_envs, *shape)`` for a leaf space, or a dict/tuple
+of views for ``Dict``/``Tuple`` spaces. These helpers read, write and check
+rows of such views without a Python loop over envs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from .errors import InvalidActionError
+
+LEAF_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
+def check_supported(space: spaces.Space, what: str) -> None:
+    """Raise ConfigError for spaces that cannot live in fixed-size buffers."""
+    from .errors import ConfigError
+
+    if isinstance(space, spaces.Dict):
+        for sub in space.spaces.values():
+            check_supported(sub, what)
+    elif isinstance(space, spaces.Tuple):
+        for sub in space.spaces:
+            check_supported(sub, what)
+    elif not isinstance(space, LEAF_SPACES):
+        raise ConfigError(
+            f"{what} {space!r} is not supported: aiovec needs fixed-size spaces "
+            "(Box, Discrete, MultiDiscrete, MultiBinary, and Dict/Tuple of them)"
+        )
+
+
+def take(view: Any, rows: Any) -> Any:
+    """Copy the given rows (an index array, a slice or ``...``) out of a view."""
+    if isinstance(view, dict):
+        return {k: take(v, rows) for k, v in view.items()}
+    if isinstance(view, tuple):
+        return tuple(take(v, rows) for v in view)
+    return view[rows].copy() if isinstance(rows, slice) else view[rows]
+
+
+def put_row(view: Any, row: int, value: Any) -> None:
+    """Write one env's value into row ``row`` of a view (worker side)."""
+    if isinstance(view, dict):
+        for k, v in view.items():
+            put_row(v, row, value[k])
+    elif isinstance(view, tuple):
+        for v, x in zip(view, value):
+            put_row(v, row, x)
+    else:
+        view[row] = value
+
+
+def get_row(view: Any, row: int) -> Any:
+    """Read one env's value from a view, as the single space's sample would look."""
+    if isinstance(view, dict):
+        return {k: get_row(v, row) for k, v in view.items()}
+    if isinstance(view, tuple):
+        return tuple(get_row(v, row) for v in view)
+    x = view[row]
+    # A copy, so an env that keeps its action never sees the next one overwrite it.
+    return x.copy() if isinstance(x, np.ndarray) else x
+
+
+def put_rows(view: Any, rows: Any, values: Any) -> None:
+    """Write already-validated batched values into the given rows of a view."""
+    if isinstance(view, dict):
+        for k, v in view.items():
+            put_rows(v, rows, values[k])
+    elif isinstance(view, tuple):
+        for v, x in zip(view, values):
+            put_rows(v, rows, x)
+    else:
+        view[rows] = values
+
+
+def validate_actions(space: spaces.Space, actions: Any, n: int, path: str = "actions") -> Any:
+    """Check a batch of ``n`` actions for ``space``; return them as arrays of the buffer dtype.
+
+    Raises :class:`InvalidActionError` naming the problem (count, shape, dtype, range).
+    """
+    if isinstance(space, spaces.Dict):
+        if not isinstance(actions, dict):
+            raise InvalidActionError(f"{path} must be a dict with keys {list(space.spaces)}, got {type(actions).__name__}")
+        missing = set(space.spaces) - set(actions)
+        if missing:
+            raise InvalidActionError(f"{path} is missing keys {sorted(missing)}")
+        return {k: validate_actions(s, actions[k], n, f"{path}[{k!r}]") for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        if not isinstance(actions, (tuple, list)) or len(actions) != len(space.spaces):
+            raise InvalidActionError(f"{path} must be a tuple of {len(space.spaces)} batched parts")
+        return tuple(validate_actions(s, a, n, f"{path}[{i}]") for i, (s, a) in enumerate(zip(space.spaces, actions)))
+    return _validate_leaf(space, actions, n, path)
+
+
+def _validate_leaf(space: spaces.Space, actions: Any, n: int, path: str) -> np.ndarray:
+    if isinstance(actions, np.ndarray):
+        arr = actions
+    else:
+        try:
+            arr = np.asarray(actions)
+        except Exception as exc:  # ragged lists and the like
+            raise InvalidActionError(f"{path} cannot be converted to an array: {exc}") from None
+    shape = (n, *space.shape)
+    if arr.shape != shape:
+        if arr.ndim >= 1 and arr.shape[0] != n:
+            raise InvalidActionError(f"{path}: expected {n} actions (one per env), got {arr.shape[0]} (shape {arr.shape})")
+        raise InvalidActionError(f"{path}: expected shape {shape} for {space}, got {arr.shape}")
+    kind = arr.dtype.kind
+    if isinstance(space, spaces.Box):
+        if kind not in "biuf":
+            raise InvalidActionError(f"{path}: expected numeric actions for {space}, got dtype {arr.dtype}")
+        if kind == "f" and space.dtype.kind in "iu":
+            raise InvalidActionError(f"{path}: expected integer actions for {space}, got dtype {arr.dtype}")
+        return arr
+    if kind not in "biu":
+        raise InvalidActionError(f"{path}: expected integer actions for {space}, got dtype {arr.dtype}")
+    if isinstance(space, spaces.Discrete):
+        # One pass: values below start wrap around to huge unsigned numbers.
+        bad = (arr.astype(np.int64, copy=False) - int(space.start)).astype(np.uint64, copy=False) >= int(space.n)
+    elif isinstance(space, spaces.MultiDiscrete):
+        bad = (arr < space.start) | (arr >= space.start + space.nvec)
+    else:  # MultiBinary
+        bad = (arr != 0) & (arr != 1)
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise InvalidActionError(f"{path}: action {arr[row].tolist()} at position {row} is outside {space}")
+    return arr

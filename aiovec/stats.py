@@ -1,0 +1,99 @@
+"""Latency and throughput accounting, shared by the vector env, the controller and the benchmarks."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class LatencyRing:
+    """The last ``size`` latencies (seconds), for percentiles without unbounded memory."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._buf = np.zeros(size, dtype=np.float64)
+        self._n = 0
+
+    def add(self, x: float) -> None:
+        self._buf[self._n % len(self._buf)] = x
+        self._n += 1
+
+    def percentiles(self, qs: tuple[float, ...] = (50, 90, 99)) -> dict[str, float]:
+        data = self._buf[: min(self._n, len(self._buf))]
+        if data.size == 0:
+            return {f"p{q:g}": float("nan") for q in qs}
+        return {f"p{q:g}": float(v) for q, v in zip(qs, np.percentile(data, qs))}
+
+
+@dataclass
+class WorkerStats:
+    """Totals for one worker, fed by every reply it sends."""
+
+    worker_id: int
+    pid: int | None = None
+    envs: int = 0
+    steps: int = 0
+    commands: int = 0
+    cpu_s: float = 0.0  # CPU time inside the worker (thread_time)
+    wall_s: float = 0.0  # wall time inside the worker, per command
+    runq_s: float = 0.0  # time runnable but waiting for a CPU (Linux schedstat)
+    latency: LatencyRing = field(default_factory=lambda: LatencyRing(1024))
+
+    def record(self, nsteps: int, timing: tuple[float, float, float], latency: float) -> None:
+        self.steps += nsteps
+        self.commands += 1
+        self.cpu_s += timing[0]
+        self.wall_s += timing[1]
+        self.runq_s += timing[2]
+        self.latency.add(latency)
+
+    def snapshot(self) -> dict:
+        per = max(self.steps, 1)
+        return {
+            "worker_id": self.worker_id,
+            "pid": self.pid,
+            "envs": self.envs,
+            "steps": self.steps,
+            "cpu_per_step_s": self.cpu_s / per,
+            "wall_per_step_s": self.wall_s / per,
+            "runq_per_step_s": self.runq_s / per,
+            "latency_s": self.latency.percentiles(),
+        }
+
+
+class Stats:
+    """Whole-vector-env counters: steps, steps/s since start, batch latency percentiles."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.steps = 0
+        self.latency = LatencyRing()
+        self.workers: dict[int, WorkerStats] = {}
+        self.retired: list[WorkerStats] = []
+
+    def worker(self, worker_id: int) -> WorkerStats:
+        ws = self.workers.get(worker_id)
+        if ws is None:
+            ws = self.workers[worker_id] = WorkerStats(worker_id)
+        return ws
+
+    def retire(self, worker_id: int) -> None:
+        ws = self.workers.pop(worker_id, None)
+        if ws is not None:
+            self.retired.append(ws)
+
+    def record(self, worker_id: int, nsteps: int, timing: tuple[float, float, float], latency: float) -> None:
+        self.steps += nsteps
+        self.latency.add(latency)
+        self.worker(worker_id).record(nsteps, timing, latency)
+
+    def snapshot(self) -> dict:
+        elapsed = time.perf_counter() - self.t0
+        return {
+            "steps": self.steps,
+            "elapsed_s": elapsed,
+            "steps_per_s": self.steps / elapsed if elapsed > 0 else 0.0,
+            "latency_s": self.latency.percentiles(),
+            "workers": [w.snapshot() for w in self.workers.values()],
+        }

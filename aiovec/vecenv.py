@@ -1,0 +1,539 @@
+"""AsyncVecEnv: the asyncio API (reset, step, send, recv, call, close) over a pool of workers.
+
+Each env has a state (idle, stepping, ready, resetting, broken, lost). ``send``
+moves idle envs to stepping; a worker's reply moves them to ready and queues
+them in arrival order; ``recv`` hands out the first ones to arrive; ``step`` is
+``send`` to all plus waiting for all. State changes happen in reply handlers,
+never in the awaiting coroutine, so cancelling an await or letting a deadline
+expire cannot lose or misattribute a result: it waits, ready, for a later ``recv``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import cloudpickle
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from . import protocol as P
+from .autoconf import SPIN_S, plan_workers, probe_step_cost, spin_for
+from .backends.process import ProcessBackend, get_context
+from .errors import (
+    AiovecError,
+    ClosedError,
+    ConfigError,
+    EnvError,
+    EnvStateError,
+    StepTimeoutError,
+    WorkerCrashedError,
+)
+from .infos import batch_infos
+from .machine import available_cpus
+from .pool import WorkerPool
+from .shm import SharedBuffers
+from .spaces import check_supported, put_rows, take, validate_actions
+from .stats import Stats
+
+IDLE, STEPPING, READY, RESETTING, BROKEN, LOST = range(6)
+_STATE_NAMES = ("idle", "stepping", "ready (result not received yet)", "resetting", "broken (reset it)", "lost (worker died)")
+
+
+class StepResult(NamedTuple):
+    """What ``recv`` returns: a batch of transitions and the env each row belongs to."""
+
+    obs: Any
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    infos: dict[str, Any]
+    env_ids: np.ndarray
+
+
+class AsyncVecEnv:
+    """A vector of gymnasium envs in worker processes, driven from asyncio.
+
+    Args:
+        env_fns: one zero-argument factory per env (lambdas and closures are fine).
+        num_workers: worker processes; ``"auto"`` picks from the available CPUs and ``num_envs``.
+        batch_size: how many results ``recv()`` returns by default (default ``num_envs``).
+        autoreset_mode: gymnasium's NEXT_STEP (default), SAME_STEP or DISABLED.
+        context: multiprocessing start method, ``"forkserver"`` (default) or ``"spawn"``.
+        step_timeout: seconds a worker may spend on one step/reset command before it is
+            killed and reported as crashed (``None``: no limit).
+        close_timeout: grace period for workers to exit on ``close()`` before they are killed.
+        spin: let idle workers poll briefly for the next command instead of sleeping at once
+            (``"auto"``: only when the workers leave the parent a CPU of its own).
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        *,
+        num_workers: int | str = "auto",
+        batch_size: int | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        context: str | None = None,
+        step_timeout: float | None = None,
+        close_timeout: float = 5.0,
+        spin: bool | str = "auto",
+    ) -> None:
+        env_fns = list(env_fns)
+        if not env_fns:
+            raise ConfigError("env_fns is empty: pass at least one env factory")
+        for i, fn in enumerate(env_fns):
+            if not callable(fn):
+                raise ConfigError(f"env_fns[{i}] is {fn!r}, not a callable that returns an env")
+        self.num_envs = n = len(env_fns)
+        self.batch_size = _positive_int(batch_size if batch_size is not None else n, "batch_size")
+        if self.batch_size > n:
+            raise ConfigError(f"batch_size={self.batch_size} exceeds num_envs={n}")
+        try:
+            self.autoreset_mode = AutoresetMode(autoreset_mode)
+        except ValueError:
+            raise ConfigError(f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, got {autoreset_mode!r}") from None
+        if num_workers != "auto":
+            _positive_int(num_workers, "num_workers")
+        if spin not in ("auto", True, False):
+            raise ConfigError(f"spin must be 'auto', True or False, got {spin!r}")
+        for name, value in (("step_timeout", step_timeout), ("close_timeout", close_timeout)):
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        self.step_timeout = step_timeout
+        self.close_timeout = float(close_timeout)
+        self._context_name = context
+        get_context(context)  # reject a bad start method now, not at start
+        self._factories = _pickle_factories(env_fns)
+
+        # Spaces and metadata from one env made here, as gymnasium's AsyncVectorEnv does.
+        try:
+            probe = env_fns[0]()
+        except Exception as exc:
+            raise ConfigError(f"env_fns[0]() raised {type(exc).__name__}: {exc}") from exc
+        try:
+            self.single_observation_space = probe.observation_space
+            self.single_action_space = probe.action_space
+            self.metadata = dict(getattr(probe, "metadata", {}) or {})
+            self.render_mode = getattr(probe, "render_mode", None)
+            self.spec = getattr(probe, "spec", None)
+            cost = probe_step_cost(probe) if num_workers == "auto" else None
+        finally:
+            probe.close()
+        cpus = available_cpus()
+        self._requested_workers = plan_workers(n, cost, cpus) if num_workers == "auto" else min(int(num_workers), n)
+        self._spin_s = spin_for(self._requested_workers, cpus) if spin == "auto" else (SPIN_S if spin else 0.0)
+        self.probe_cost = cost
+        check_supported(self.single_observation_space, "observation space")
+        check_supported(self.single_action_space, "action space")
+        self.metadata["autoreset_mode"] = self.autoreset_mode
+        self.observation_space = batch_space(self.single_observation_space, n)
+        self.action_space = batch_space(self.single_action_space, n)
+
+        self._state = np.full(n, IDLE, dtype=np.int8)
+        self._ready: dict[int, dict | None] = {}  # env id -> info, in arrival order
+        self._in_flight = 0
+        self._errors: deque[AiovecError] = deque()
+        self._lost: dict[int, WorkerCrashedError] = {}
+        self._waiters: list[asyncio.Future] = []
+        self._pool: WorkerPool | None = None
+        self._views: Any = None
+        self._stats = Stats()
+        self._starting: asyncio.Future | None = None
+        self._closed = False
+        self._all = np.arange(n)
+
+    # -- lifetime -----------------------------------------------------------------------
+    async def __aenter__(self) -> AsyncVecEnv:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Start the workers (``async with`` and the first ``reset`` do this for you)."""
+        self._check_open()
+        if self._pool is not None:
+            return
+        if self._starting is not None:
+            await asyncio.shield(self._starting)
+            return
+        loop = asyncio.get_running_loop()
+        self._starting = loop.create_future()
+        try:
+            ctx = get_context(self._context_name)
+            buffers = SharedBuffers(ctx, self.single_observation_space, self.single_action_space, self.num_envs)
+            self._views = buffers.views()
+            backend = ProcessBackend(ctx, buffers, self.autoreset_mode.value, self._spin_s)
+            pool = WorkerPool(backend, self._factories, self._stats, self._on_worker_lost, self.step_timeout)
+            try:
+                await pool.start(self._requested_workers)
+            except BaseException:
+                pool.kill_all()
+                await pool.close(self.close_timeout)
+                raise
+            if self._closed:  # close() ran while we were starting
+                await pool.close(self.close_timeout)
+                raise ClosedError("the vector env was closed while starting")
+            self._pool = pool
+            self._starting.set_result(None)
+        except BaseException as exc:
+            self._starting.set_exception(exc)
+            self._starting.exception()  # mark retrieved
+            self._starting = None
+            raise
+
+    async def close(self) -> None:
+        """Stop every worker (grace period ``close_timeout``, then kill). Idempotent; never hangs."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake()
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        try:
+            await pool.close(self.close_timeout)
+        except BaseException:
+            pool.kill_all()  # cancelled or failed mid-close: leave nothing running
+            raise
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None and not self._closed:
+            pool.kill_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes currently running."""
+        return self._pool.num_workers if self._pool is not None else 0
+
+    # -- reset --------------------------------------------------------------------------
+    async def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        """Reset all envs (or those in ``options["reset_mask"]``); gymnasium semantics.
+
+        ``seed``: ``None``, an int (env ``i`` gets ``seed + i``) or one seed per env.
+        Envs being reset must not have a step in flight or an unreceived result
+        (``EnvStateError``); with a ``reset_mask`` the other envs may keep stepping.
+        Returns the observations of all envs and the infos of the reset ones.
+        """
+        await self.start()
+        n = self.num_envs
+        seeds = _normalize_seeds(seed, n)
+        options = dict(options) if options else None
+        ids = self._all
+        if options is not None and "reset_mask" in options:
+            ids = np.flatnonzero(_check_reset_mask(options.pop("reset_mask"), n))
+        self._check_envs(ids, (IDLE, BROKEN), "reset")
+        self._state[ids] = RESETTING
+        infos: dict[int, dict | None] = {}
+        errors: list[AiovecError] = []
+        done = asyncio.get_running_loop().create_future()
+        remaining = [0]
+
+        def handler(wid: int, reply: Any, error: BaseException | None) -> None:
+            if error is not None:
+                errors.append(error)  # envs marked lost by _on_worker_lost
+            else:
+                _, g, payload, errs, _ = reply
+                failed = set()
+                for e in errs or ():
+                    err = EnvError(*e)
+                    failed.add(err.env_id)
+                    errors.append(err)
+                    self._state[err.env_id] = BROKEN
+                for k, i in enumerate(g):
+                    if i not in failed:
+                        self._state[i] = IDLE
+                        infos[i] = payload[k] if payload else None
+            remaining[0] -= 1
+            if remaining[0] == 0 and not done.done():
+                done.set_result(None)
+
+        remaining[0] = self._pool.submit(  # type: ignore[union-attr]
+            ids.tolist(), lambda g: (P.RESET, tuple(g), [seeds[i] for i in g], options), handler
+        )
+        await done
+        if errors:
+            raise errors[0]
+        return take(self._views.obs, slice(None)), batch_infos(n, infos.items())
+
+    # -- first-finished -----------------------------------------------------------------
+    def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
+        """Dispatch actions to idle envs (all envs when ``env_ids`` is None) and return at once.
+
+        Everything is checked before anything is sent: env ids (exist, distinct,
+        idle) and actions (count, shape, dtype, range).
+        """
+        self._check_started()
+        ids = self._all if env_ids is None else self._check_env_ids(env_ids)
+        acts = validate_actions(self.single_action_space, actions, len(ids))
+        self._check_envs(ids, (IDLE,), "send to")
+        if self.autoreset_mode == AutoresetMode.DISABLED:
+            v = self._views
+            done = v.terminations[ids] | v.truncations[ids]
+            if done.any():
+                raise EnvStateError(
+                    f"envs {ids[done].tolist()} ended their episode and autoreset_mode is DISABLED: "
+                    "reset them (options={'reset_mask': ...}) before stepping"
+                )
+        put_rows(self._views.actions, ids, acts)
+        self._state[ids] = STEPPING
+        self._in_flight += len(ids)
+        self._pool.submit(None if env_ids is None else ids.tolist(), _step_msg, self._on_step_reply)  # type: ignore[union-attr]
+
+    async def recv(self, batch_size: int | None = None, timeout: float | None = None) -> StepResult:
+        """Await the first ``batch_size`` results to finish (default: the constructor's ``batch_size``).
+
+        Returns fewer only when fewer are outstanding. ``timeout`` bounds the whole
+        call; on expiry ``StepTimeoutError`` is raised and nothing is lost. An env
+        error or a worker crash is raised here, once, as ``EnvError``/``WorkerCrashedError``.
+        """
+        k = self.batch_size if batch_size is None else _positive_int(batch_size, "batch_size")
+        self._check_started()
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        while True:
+            if self._errors:
+                raise self._errors.popleft()
+            outstanding = self._in_flight + len(self._ready)
+            if outstanding == 0:
+                raise EnvStateError("recv() with nothing in flight: send() actions first")
+            need = min(k, outstanding)
+            if len(self._ready) >= need:
+                ids = np.fromiter(itertools.islice(self._ready, need), dtype=np.int64, count=need)
+                return self._collect(ids, ordered=False)
+            await self._wait(deadline)
+
+    async def drain(self, timeout: float | None = None) -> list[StepResult]:
+        """Receive everything outstanding (e.g. before a full reset in async mode)."""
+        out = []
+        while self._in_flight or self._ready:
+            out.append(await self.recv(self._in_flight + len(self._ready), timeout))
+        return out
+
+    # -- lock-step ----------------------------------------------------------------------
+    async def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Step every env once and return gymnasium's 5-tuple, rows in env order.
+
+        If cancelled, the step still completes and its results wait for ``recv()``.
+        """
+        self._check_started()
+        if self._in_flight or self._ready:
+            raise EnvStateError("step() needs every env idle, but some have steps in flight or unreceived results: recv()/drain() them first")
+        self.send(actions)
+        while self._in_flight:
+            await self._wait(None)
+        if self._errors:
+            raise self._errors.popleft()
+        r = self._collect(self._all, ordered=True)
+        return r.obs, r.rewards, r.terminations, r.truncations, r.infos
+
+    # -- attributes and methods ---------------------------------------------------------
+    async def call(self, name: str, *args: Any, env_ids: Sequence[int] | None = None, **kwargs: Any) -> tuple[Any, ...]:
+        """Call ``env.name(*args, **kwargs)`` (or read the attribute) in each env; results in env order."""
+        return await self._call("call", name, (args, kwargs), env_ids)
+
+    async def get_attr(self, name: str, env_ids: Sequence[int] | None = None) -> tuple[Any, ...]:
+        """Read attribute ``name`` of each env."""
+        return await self._call("get", name, None, env_ids)
+
+    async def set_attr(self, name: str, values: Any, env_ids: Sequence[int] | None = None) -> None:
+        """Set attribute ``name`` on each env: one value for all, or a list with one per env."""
+        ids = self._all if env_ids is None else self._check_env_ids(env_ids)
+        if not isinstance(values, (list, tuple)):
+            values = [values] * len(ids)
+        elif len(values) != len(ids):
+            raise ConfigError(f"set_attr got {len(values)} values for {len(ids)} envs")
+        await self._call("set", name, dict(zip(ids.tolist(), values)), ids)
+
+    async def _call(self, kind: str, name: str, payload: Any, env_ids: Any) -> tuple[Any, ...]:
+        await self.start()
+        if not isinstance(name, str):
+            raise ConfigError(f"attribute name must be a str, got {name!r}")
+        ids = self._all if env_ids is None else self._check_env_ids(env_ids)
+        self._check_envs(ids, (IDLE, STEPPING, READY, BROKEN), f"{kind} on")
+
+        def build(g: list[int]) -> tuple[Any, ...]:
+            return (P.CALL, tuple(g), kind, name, [payload[i] for i in g] if kind == "set" else payload)
+
+        results, errors = await self._pool.request(ids.tolist(), build)  # type: ignore[union-attr]
+        if errors:
+            raise errors[0]
+        return tuple(results.get(i) for i in ids.tolist())
+
+    # -- stats --------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Steps, steps/s, batch latency percentiles (seconds), and the same per worker."""
+        snap = self._stats.snapshot()
+        snap.update(num_envs=self.num_envs, num_workers=self.num_workers, in_flight=self._in_flight, ready=len(self._ready))
+        return snap
+
+    # -- internals ----------------------------------------------------------------------
+    def _on_step_reply(self, wid: int, reply: Any, error: BaseException | None) -> None:
+        if error is not None:
+            return  # the worker died; _on_worker_lost accounts for its envs
+        _, ids, infos, errs, _ = reply
+        state, ready = self._state, self._ready
+        self._in_flight -= len(ids)
+        failed = ()
+        if errs:
+            failed = {e[0] for e in errs}
+            for e in errs:
+                state[e[0]] = BROKEN
+                self._errors.append(EnvError(*e))
+        if infos is None and not failed:
+            state[list(ids)] = READY
+            for i in ids:
+                ready[i] = None
+        else:
+            for k, i in enumerate(ids):
+                if i not in failed:
+                    state[i] = READY
+                    ready[i] = infos[k] if infos else None
+        self._wake()
+
+    def _on_worker_lost(self, err: WorkerCrashedError) -> None:
+        for i in err.env_ids:
+            if self._state[i] == STEPPING:
+                self._in_flight -= 1
+            if self._state[i] != READY:  # a result already in shared memory stays deliverable
+                self._state[i] = LOST
+            self._lost[i] = err
+        if not self._closed:
+            self._errors.append(err)
+        self._wake()
+
+    def _collect(self, ids: np.ndarray, ordered: bool) -> StepResult:
+        v, ready, state = self._views, self._ready, self._state
+        rows = slice(None) if ordered and len(ids) == self.num_envs else ids
+        rows_info = [(k, info) for k, i in enumerate(ids.tolist()) if (info := ready.pop(i)) is not None]
+        infos = batch_infos(len(ids), rows_info) if rows_info else {}
+        state[ids] = IDLE
+        if self._lost:
+            for i in ids.tolist():
+                if i in self._lost:
+                    state[i] = LOST
+        return StepResult(
+            take(v.obs, rows), v.rewards[rows].copy(), v.terminations[rows].copy(), v.truncations[rows].copy(), infos, ids.copy()
+        )
+
+    async def _wait(self, deadline: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._waiters.append(fut)
+        handle = None
+        if deadline is not None:
+            handle = loop.call_at(deadline, _release, fut)
+        try:
+            await fut
+        finally:
+            if handle is not None:
+                handle.cancel()
+        if self._closed:
+            raise ClosedError("the vector env was closed")
+        if deadline is not None and loop.time() >= deadline and not self._errors:
+            raise StepTimeoutError(f"deadline expired with {self._in_flight} envs still in flight; their results stay queued for a later recv()")
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the vector env is closed")
+
+    def _check_started(self) -> None:
+        self._check_open()
+        if self._pool is None:
+            raise EnvStateError("the vector env is not started: use `async with`, `await venv.start()` or `await venv.reset()` first")
+
+    def _check_env_ids(self, env_ids: Any) -> np.ndarray:
+        ids = np.asarray(env_ids)
+        if ids.ndim == 0:
+            ids = ids.reshape(1)
+        if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
+            raise EnvStateError(f"env_ids must be a non-empty 1-d sequence of ints, got {env_ids!r}")
+        ids = ids.astype(np.int64, copy=False)
+        if ids.min() < 0 or ids.max() >= self.num_envs:
+            raise EnvStateError(f"env_ids {ids.tolist()} out of range: this vector env has envs 0..{self.num_envs - 1}")
+        if np.unique(ids).size != ids.size:
+            raise EnvStateError(f"env_ids {ids.tolist()} contain duplicates")
+        return ids
+
+    def _check_envs(self, ids: np.ndarray, allowed: tuple[int, ...], what: str) -> None:
+        st = self._state[ids]
+        bad = ~np.isin(st, allowed) if len(allowed) > 1 else st != allowed[0]
+        if bad.any():
+            i = int(ids[np.argmax(bad)])
+            if self._state[i] == LOST:
+                raise self._lost[i]
+            raise EnvStateError(f"cannot {what} env {i}: it is {_STATE_NAMES[self._state[i]]}")
+
+
+def _step_msg(ids: list[int]) -> tuple[Any, ...]:
+    return (P.STEP, tuple(ids))
+
+
+def _release(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _normalize_seeds(seed: Any, n: int) -> list[int | None]:
+    if seed is None:
+        return [None] * n
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        return [int(seed) + i for i in range(n)]
+    seeds = list(seed)
+    if len(seeds) != n:
+        raise ConfigError(f"seed list has {len(seeds)} entries for {n} envs")
+    return seeds
+
+
+def _check_reset_mask(mask: Any, n: int) -> np.ndarray:
+    if not isinstance(mask, np.ndarray):
+        raise ConfigError(f"options['reset_mask'] must be a numpy array, got {type(mask).__name__}")
+    if mask.shape != (n,) or mask.dtype != np.bool_:
+        raise ConfigError(f"options['reset_mask'] must be a bool array of shape ({n},), got {mask.dtype} {mask.shape}")
+    if not mask.any():
+        raise ConfigError("options['reset_mask'] selects no env")
+    return mask
+
+
+def _pickle_factories(env_fns: list[Callable[[], gym.Env]]) -> list[bytes]:
+    cache: dict[int, bytes] = {}
+    out = []
+    for i, fn in enumerate(env_fns):
+        data = cache.get(id(fn))
+        if data is None:
+            try:
+                data = cloudpickle.dumps(fn)
+            except Exception as exc:
+                raise ConfigError(
+                    f"env_fns[{i}] ({fn!r}) cannot be sent to a worker process: {type(exc).__name__}: {exc}. "
+                    "Workers are separate processes, so a factory must be picklable by cloudpickle: "
+                    "don't capture locks, open files, sockets or live envs in it; build them inside the "
+                    "factory, or use functools.partial(gymnasium.make, 'EnvId-v0', ...)."
+                ) from exc
+            cache[id(fn)] = data
+        out.append(data)
+    return out
+
