@@ -70,6 +70,13 @@ class WorkerPool:
         self._timed_out: set[int] = set()  # workers killed by step_timeout
         self._dead: list[WorkerHandle] = []  # exited workers not yet reaped
         self._all_groups: dict[int, list[int]] | None = None  # by_worker(all envs), until placement changes
+        # Resizing: envs move one at a time, each at an episode boundary of its own.
+        self.movable: Callable[[int], bool] = lambda env_id: True  # set by the vector env
+        self._retiring: set[int] = set()
+        self._targets: dict[int, int] = {}  # env -> worker it should move to
+        self._moving: dict[int, tuple[int, list]] = {}  # env -> (destination, deferred commands)
+        self._stopping: list[asyncio.Task] = []
+        self.moves = 0
 
     # -- start / stop -------------------------------------------------------------------
     async def start(self, num_workers: int) -> None:
@@ -114,7 +121,7 @@ class WorkerPool:
                 self._send(wid, (P.CLOSE,), None)
         handles = [w.handle for w in self.workers.values()] + self._dead
         self._dead = []
-        await asyncio.gather(*(h.stop(grace) for h in handles), return_exceptions=True)
+        await asyncio.gather(*(h.stop(grace) for h in handles), *self._stopping, return_exceptions=True)
         self.workers.clear()
         self.backend.close()
 
@@ -156,17 +163,28 @@ class WorkerPool:
     def submit(self, env_ids: Sequence[int] | None, build: Callable[[list[int]], tuple[Any, ...]], handler: ReplyHandler) -> int:
         """Send one command per worker for ``env_ids``; ``handler`` sees each worker's reply. Returns #messages."""
         groups = self.by_worker(env_ids)
+        sent = 0
         for wid, ids in groups.items():
-            self._send(wid, build(ids), handler)
-        return len(groups)
+            if wid is None:  # envs in transit: their commands follow them to the new worker
+                for i in ids:
+                    self._moving[i][1].append((build, handler))
+                    sent += 1
+            else:
+                self._send(wid, build(ids), handler)
+                sent += 1
+        return sent
 
     async def request(self, env_ids: Sequence[int], build: Callable[[list[int]], tuple[Any, ...]]) -> tuple[dict[int, Any], list[EnvError]]:
         """Send a command for ``env_ids`` and await every reply: per-env payload items and env errors."""
         futs = []
         for wid, ids in self.by_worker(env_ids).items():
-            fut = self._loop.create_future()
-            self._send(wid, build(ids), _resolver(fut))
-            futs.append(fut)
+            for group in ([i] for i in ids) if wid is None else (ids,):
+                fut = self._loop.create_future()
+                if wid is None:
+                    self._moving[group[0]][1].append((build, _resolver(fut)))
+                else:
+                    self._send(wid, build(group), _resolver(fut))
+                futs.append(fut)
         replies = await self._gather(futs)
         results: dict[int, Any] = {}
         errors: list[EnvError] = []
@@ -189,6 +207,115 @@ class WorkerPool:
                     raise EnvError(*r[3][0])
         return done
 
+    # -- resizing -----------------------------------------------------------------------
+    @property
+    def pending_moves(self) -> int:
+        return len(self._targets) + len(self._moving)
+
+    async def resize(self, n: int) -> None:
+        """Aim for ``n`` workers: start new ones now; envs move as they reach episode boundaries;
+        workers left without envs are stopped."""
+        n = max(1, min(int(n), self.num_envs))
+        active = sorted(w for w in self.workers if w not in self._retiring)
+        if n > len(active):
+            # Un-retire first (cheapest), then start new workers.
+            revive = sorted(self._retiring)[: n - len(active)]
+            self._retiring.difference_update(revive)
+            new = [self._spawn() for _ in range(n - len(active) - len(revive))]
+            if new:
+                waits = []
+                for wid in new:
+                    fut = self._loop.create_future()
+                    self.workers[wid].pending[0] = (P.READY, time.perf_counter(), _chain(self._on_ready, _resolver(fut)))
+                    waits.append(fut)
+                await asyncio.gather(*waits)
+        elif n < len(active):
+            # Retire the workers hosting the fewest envs (fewest moves).
+            by_load = sorted(active, key=lambda w: (len(self.workers[w].envs), -w))
+            self._retiring.update(by_load[: len(active) - n])
+        self._plan()
+        self.try_moves()
+        self._stop_empty()
+
+    def _plan(self) -> None:
+        active = sorted(w for w in self.workers if w not in self._retiring)
+        quota = dict(zip(active, (len(s) for s in split_envs(self.num_envs, len(active)))))
+        kept = dict.fromkeys(active, 0)
+        overflow = []
+        for env in range(self.num_envs):
+            where = self._moving[env][0] if env in self._moving else self.location[env]
+            if where is None:
+                continue  # lost with its worker
+            if where in quota and kept[where] < quota[where]:
+                kept[where] += 1
+            else:
+                overflow.append(env)
+        targets = {}
+        free = [w for w in active for _ in range(quota[w] - kept[w])]
+        for env, wid in zip(overflow, free):
+            targets[env] = wid
+        self._targets = targets
+
+    def try_moves(self) -> None:
+        """Start every planned move whose env is idle at an episode boundary."""
+        for env in [e for e in self._targets if self.movable(e)]:
+            dest = self._targets.pop(env)
+            src = self.location[env]
+            if src is None or src == dest or dest not in self.workers:
+                continue
+            self.location[env] = None
+            self._all_groups = None
+            self._moving[env] = (dest, [])
+            self._send(src, (P.REMOVE, (env,)), lambda wid, reply, error, env=env: self._moved_out(env, wid, reply, error))
+
+    def _moved_out(self, env: int, src: int, reply: Any, error: BaseException | None) -> None:
+        dest, deferred = self._moving.pop(env)
+        w = self.workers.get(src)
+        if error is not None:
+            for _build, handler in deferred:
+                if handler is not None:
+                    handler(src, None, error)
+            return
+        _, _, states, errs, _ = reply
+        if errs:  # not at a boundary after all: stay, and retry later
+            self.location[env] = src
+            self._targets[env] = dest
+            target = src
+        else:
+            if w is not None:
+                w.envs.discard(env)
+                self.stats.worker(src).envs -= 1
+            target = dest if dest in self.workers else src
+            fut = self._add_env(target, env, states[env])
+            fut.add_done_callback(lambda f, env=env, target=target: self._moved_in(env, target, f))
+            self.moves += 1
+        self._all_groups = None
+        for build, handler in deferred:
+            self._send(target, build([env]), handler)
+        self._stop_empty()
+
+    def _moved_in(self, env: int, wid: int, fut: asyncio.Future) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return  # the new worker died: on_lost reports it
+        reply = fut.result()
+        if reply[3]:
+            err = WorkerCrashedError(wid, [env], None, reply[3][0][3], "the env could not be re-created on its new worker")
+            self.location[env] = None
+            self.workers[wid].envs.discard(env)
+            self.on_lost(err)
+
+    def _stop_empty(self) -> None:
+        for wid in sorted(self._retiring):
+            w = self.workers.get(wid)
+            if w is None:
+                self._retiring.discard(wid)
+            elif not w.envs and not w.pending:
+                self._retiring.discard(wid)
+                self._send(wid, (P.CLOSE,), None)
+                del self.workers[wid]
+                self.stats.retire(wid)
+                self._stopping.append(self._loop.create_task(w.handle.stop(5.0)))
+
     # -- replies and deaths -------------------------------------------------------------
     def _on_reply(self, wid: int, reply: tuple[Any, ...]) -> None:
         w = self.workers.get(wid)
@@ -199,6 +326,8 @@ class WorkerPool:
             self.stats.record(wid, len(reply[1]), reply[4], time.perf_counter() - t_sent)
         if handler is not None:
             handler(wid, reply, None)
+        if wid in self._retiring and not w.pending:
+            self._stop_empty()
 
     def _on_exit(self, wid: int, exitcode: int | None, tb: str | None) -> None:
         w = self.workers.pop(wid, None)
@@ -225,6 +354,14 @@ class WorkerPool:
     async def reap(self, grace: float) -> None:
         dead, self._dead = self._dead, []
         await asyncio.gather(*(h.stop(grace) for h in dead), return_exceptions=True)
+
+
+def _chain(*handlers: ReplyHandler) -> ReplyHandler:
+    def handler(wid: int, reply: Any, error: BaseException | None) -> None:
+        for h in handlers:
+            h(wid, reply, error)
+
+    return handler
 
 
 def _resolver(fut: asyncio.Future) -> ReplyHandler:

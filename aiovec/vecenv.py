@@ -136,6 +136,7 @@ class AsyncVecEnv:
         self.action_space = batch_space(self.single_action_space, n)
 
         self._state = np.full(n, IDLE, dtype=np.int8)
+        self._boundary = np.ones(n, dtype=np.bool_)  # at an episode boundary: may move between workers
         self._ready: dict[int, dict | None] = {}  # env id -> info, in arrival order
         self._in_flight = 0
         self._errors: deque[AiovecError] = deque()
@@ -181,6 +182,7 @@ class AsyncVecEnv:
             if self._closed:  # close() ran while we were starting
                 await pool.close(self.close_timeout)
                 raise ClosedError("the vector env was closed while starting")
+            pool.movable = self._movable
             self._pool = pool
             self._starting.set_result(None)
         except BaseException as exc:
@@ -255,7 +257,10 @@ class AsyncVecEnv:
                 for k, i in enumerate(g):
                     if i not in failed:
                         self._state[i] = IDLE
+                        self._boundary[i] = True
                         infos[i] = payload[k] if payload else None
+                if self._pool is not None and self._pool.pending_moves:
+                    self._pool.try_moves()
             remaining[0] -= 1
             if remaining[0] == 0 and not done.done():
                 done.set_result(None)
@@ -371,6 +376,26 @@ class AsyncVecEnv:
             raise errors[0]
         return tuple(results.get(i) for i in ids.tolist())
 
+    # -- resizing -----------------------------------------------------------------------
+    async def resize(self, num_workers: int) -> None:
+        """Change the number of worker processes while envs keep stepping.
+
+        New workers start at once; each env moves only when it is idle at an episode
+        boundary, carrying its ``np_random``, so no transition is lost, duplicated or
+        reordered and every trajectory is the one it would have been without the move.
+        Workers left without envs exit. ``num_workers`` tells the current count.
+        """
+        await self.start()
+        await self._pool.resize(_positive_int(num_workers, "num_workers"))  # type: ignore[union-attr]
+
+    @property
+    def pending_moves(self) -> int:
+        """Envs still waiting for an episode boundary to move to their new worker."""
+        return self._pool.pending_moves if self._pool is not None else 0
+
+    def _movable(self, i: int) -> bool:
+        return bool(self._boundary[i]) and self._state[i] not in (STEPPING, RESETTING, LOST)
+
     # -- stats --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Steps, steps/s, batch latency percentiles (seconds), and the same per worker."""
@@ -400,6 +425,10 @@ class AsyncVecEnv:
                 if i not in failed:
                     state[i] = READY
                     ready[i] = infos[k] if infos else None
+        v = self._views
+        self._boundary[list(ids)] = v.terminations[list(ids)] | v.truncations[list(ids)]
+        if self._pool.pending_moves:  # type: ignore[union-attr]
+            self._pool.try_moves()  # type: ignore[union-attr]
         self._wake()
 
     def _on_worker_lost(self, err: WorkerCrashedError) -> None:

@@ -8,6 +8,7 @@ loop on one pipe. Nothing here imports asyncio.
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import sys
@@ -40,12 +41,43 @@ class _RunQueueClock:
 
 
 class _Slot:
-    __slots__ = ("env", "needs_reset", "done")
+    __slots__ = ("env", "needs_reset", "done", "steps", "pre_reset_rng", "reset_args")
 
     def __init__(self, env: Any) -> None:
         self.env = env
         self.needs_reset = False  # NEXT_STEP: the next step call resets instead
-        self.done = False  # last transition ended the episode (for DISABLED-mode checks)
+        self.done = False  # last transition ended the episode
+        self.steps: int | None = None  # steps since the last reset (None: never reset)
+        self.pre_reset_rng: Any = None  # np_random as it was just before the last reset
+        self.reset_args: tuple[Any, Any] = (None, None)  # (seed, options) of the last reset
+
+    def reset(self, seed: Any = None, options: Any = None) -> tuple[Any, dict]:
+        """Reset, remembering enough to replay this reset elsewhere (see ``export``)."""
+        self.pre_reset_rng = copy.deepcopy(self.env.unwrapped.np_random)
+        self.reset_args = (seed, options)
+        obs, info = self.env.reset(seed=seed, options=options)
+        self.steps = 0
+        self.needs_reset = self.done = False
+        return obs, info
+
+    def export(self) -> dict[str, Any]:
+        """Portable state at an episode boundary; an env mid-episode cannot move."""
+        if self.steps is None:
+            return {"kind": "fresh"}
+        if self.done:  # episode over, next call resets: only the generator matters
+            return {"kind": "ended", "np_random": self.env.unwrapped.np_random, "needs_reset": self.needs_reset}
+        if self.steps == 0:  # just reset: replay that reset from the generator it started with
+            return {"kind": "replay", "np_random": self.pre_reset_rng, "reset_args": self.reset_args}
+        raise RuntimeError(f"env is {self.steps} steps into an episode; it can only move at an episode boundary")
+
+    def restore(self, state: dict[str, Any]) -> None:
+        kind = state["kind"]
+        if kind == "ended":
+            self.env.unwrapped.np_random = state["np_random"]
+            self.done, self.needs_reset, self.steps = True, state["needs_reset"], 1
+        elif kind == "replay":
+            self.env.unwrapped.np_random = state["np_random"]
+            self.reset(*state["reset_args"])
 
 
 class EnvHost:
@@ -88,14 +120,19 @@ class EnvHost:
             slot = self.slots[i]
             try:
                 if slot.needs_reset:
-                    obs, info = slot.env.reset()
+                    obs, info = slot.reset()
                     reward, term, trunc = 0.0, False, False
                 else:
                     obs, reward, term, trunc, info = slot.env.step(get_row(v.actions, i))
-                    if self.mode == AutoresetMode.SAME_STEP and (term or trunc):
-                        final = {"final_obs": obs, "final_info": info}
-                        obs, info = slot.env.reset()
-                        info = {**final, **info}
+                    slot.steps = (slot.steps or 0) + 1
+                    slot.done = bool(term or trunc)
+                    if slot.done:
+                        if self.mode == AutoresetMode.SAME_STEP:
+                            final = {"final_obs": obs, "final_info": info}
+                            obs, info = slot.reset()
+                            info = {**final, **info}
+                        elif self.mode == AutoresetMode.NEXT_STEP:
+                            slot.needs_reset = True
                 put_row(v.obs, i, obs)
             except Exception as exc:
                 errors.append(_describe(i, exc))
@@ -103,8 +140,6 @@ class EnvHost:
             v.rewards[i] = reward
             v.terminations[i] = term
             v.truncations[i] = trunc
-            slot.done = bool(term or trunc)
-            slot.needs_reset = slot.done and self.mode == AutoresetMode.NEXT_STEP
             if info:
                 if infos is None:
                     infos = [None] * len(ids)
@@ -117,14 +152,13 @@ class EnvHost:
         for k, (i, seed) in enumerate(zip(ids, seeds)):
             slot = self.slots[i]
             try:
-                obs, info = slot.env.reset(seed=seed, options=options)
+                obs, info = slot.reset(seed, options)
                 put_row(v.obs, i, obs)
             except Exception as exc:
                 errors.append(_describe(i, exc))
                 continue
             v.rewards[i] = 0.0
             v.terminations[i] = v.truncations[i] = False
-            slot.needs_reset = slot.done = False
             if info:
                 if infos is None:
                     infos = [None] * len(ids)
@@ -162,20 +196,22 @@ class EnvHost:
             return
         slot = _Slot(env)
         if state is not None:
-            env.unwrapped.np_random = state["np_random"]
-            slot.needs_reset = state["needs_reset"]
-            slot.done = state["done"]
+            try:
+                slot.restore(state)
+            except Exception as exc:
+                errors.append(_describe(env_id, exc))
+                return
         self.slots[env_id] = slot
 
     def _remove(self, ids: tuple[int, ...], errors: list) -> dict[int, dict]:
         states = {}
         for i in ids:
+            try:
+                states[i] = self.slots[i].export()
+            except Exception as exc:
+                errors.append(_describe(i, exc))
+                continue
             slot = self.slots.pop(i)
-            states[i] = {
-                "np_random": slot.env.unwrapped.np_random,
-                "needs_reset": slot.needs_reset,
-                "done": slot.done,
-            }
             try:
                 slot.env.close()
             except Exception as exc:

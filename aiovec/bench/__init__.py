@@ -1,0 +1,1 @@
+"""Benchmarks: aiovec against its peers (``core``) and the adaptive controller (``controller``)."""

@@ -1,0 +1,282 @@
+"""Shared helpers: running coroutines on uvloop and asyncio, leak checks, reference envs.
+
+No mocks anywhere: every test drives real worker processes, real gymnasium envs and
+a real event loop. A hang must fail a test instead of blocking the suite, so every
+coroutine runs under a guard (``GUARD_S``) and every await that could block has its
+own ``asyncio.wait_for``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import psutil
+import pytest
+import uvloop
+
+import aiovec  # noqa: F401  (registers the aiovec/* envs in this process)
+
+GUARD_S = 60.0  # a whole test coroutine
+WAIT_S = 30.0  # one await that could hang
+LOOPS = ("uvloop", "asyncio")
+SHM = "/dev/shm"
+
+
+# -- running coroutines -----------------------------------------------------------------
+def run_on(loop_name: str, coro: Coroutine[Any, Any, Any], guard: float = GUARD_S) -> Any:
+    """Run ``coro`` on a fresh uvloop or default asyncio loop, under a ``guard``-second limit."""
+
+    async def main() -> Any:
+        loop = asyncio.get_running_loop()
+        if loop_name == "uvloop":
+            assert isinstance(loop, uvloop.Loop), f"expected a uvloop loop, got {type(loop)}"
+        else:
+            assert not isinstance(loop, uvloop.Loop), "expected asyncio's own loop, got uvloop"
+        return await asyncio.wait_for(coro, guard)
+
+    if loop_name == "uvloop":
+        return uvloop.run(main())
+    if loop_name == "asyncio":
+        return asyncio.run(main())
+    raise ValueError(loop_name)
+
+
+@pytest.fixture(params=LOOPS)
+def run(request: pytest.FixtureRequest) -> Callable[..., Any]:
+    """``run(coro)``: run a coroutine, once on uvloop and once on asyncio's default loop."""
+    name = request.param
+    return lambda coro, guard=GUARD_S: run_on(name, coro, guard)
+
+
+@pytest.fixture
+def run_uv() -> Callable[..., Any]:
+    """``run_uv(coro)``: run a coroutine on uvloop only (for tests that need not be run twice)."""
+    return lambda coro, guard=GUARD_S: run_on("uvloop", coro, guard)
+
+
+def wait(aw: Any, timeout: float = WAIT_S) -> Any:
+    """``asyncio.wait_for`` with the suite's generous default: a hang fails, it does not block."""
+    return asyncio.wait_for(aw, timeout)
+
+
+# -- leak checks -----------------------------------------------------------------------
+@dataclass
+class Snapshot:
+    pids: set[int]
+    shm: set[str]
+    threads: set[int]
+
+
+def _is_mp_singleton(p: psutil.Process) -> bool:
+    """multiprocessing's fork server and resource tracker: process-wide, started once, kept.
+
+    Only direct children count: workers forked by the fork server carry the same
+    command line, but they are its children (our grandchildren), and they must go.
+    """
+    try:
+        if p.ppid() != os.getpid():
+            return False
+        cmd = " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return False
+    return "forkserver" in cmd or "resource_tracker" in cmd
+
+
+def _live_children() -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue  # exited; its parent reaps it
+        except psutil.NoSuchProcess:
+            continue
+        if not _is_mp_singleton(p):
+            out.append(p)
+    return out
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return set(os.listdir(SHM))
+    except FileNotFoundError:
+        return set()
+
+
+def _nondaemon_threads() -> dict[int, threading.Thread]:
+    return {t.ident: t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread() and t.ident}
+
+
+def snapshot() -> Snapshot:
+    """What exists before a test: compare with :func:`assert_clean` afterwards."""
+    gc.collect()
+    return Snapshot({p.pid for p in _live_children()}, _shm_entries(), set(_nondaemon_threads()))
+
+
+def _describe(p: psutil.Process) -> str:
+    try:
+        return f"pid {p.pid} ({p.status()}, ppid {p.ppid()}): {' '.join(p.cmdline())[:120]}"
+    except psutil.Error:
+        return f"pid {p.pid} (gone)"
+
+
+def assert_clean(before: Snapshot, kill: bool = True) -> None:
+    """No worker process, no new ``/dev/shm`` entry and no new non-daemon thread is left.
+
+    Strict: checked right after the vector env was closed, with no grace period for
+    processes (``close()`` promises its workers have exited when it returns; zombies
+    count as gone). Leftovers are killed afterwards (``kill``), so one leaking test
+    does not make every later one fail too.
+    """
+    gc.collect()  # multiprocessing unlinks its semaphores from finalizers
+    leftovers = [p for p in _live_children() if p.pid not in before.pids]
+    new_shm = _shm_entries() - before.shm
+    threads = {i: t for i, t in _nondaemon_threads().items() if i not in before.threads}
+    problems = []
+    if leftovers:
+        problems.append("child processes left running: " + "; ".join(_describe(p) for p in leftovers))
+    if new_shm:
+        problems.append(f"new entries in {SHM}: {sorted(new_shm)}")
+    if threads:
+        problems.append(f"non-daemon threads left running: {[t.name for t in threads.values()]}")
+    if kill:
+        for p in leftovers:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        for t in threads.values():
+            t.join(timeout=5.0)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.fixture
+def clean() -> Any:
+    """Snapshot before the test; the test calls ``assert_clean(clean)`` at its end."""
+    return snapshot()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks_between_tests() -> Any:
+    """Safety net: kill whatever a (failed) test left, so later tests start clean."""
+    before = snapshot()
+    yield
+    gc.collect()
+    for p in _live_children():
+        if p.pid not in before.pids:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+
+def pid_gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (a zombie has exited: it only waits to be reaped)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_pids_gone(pids: list[int], timeout: float) -> list[int]:
+    """Poll until every pid is gone or ``timeout`` passes; returns those still running."""
+    end = time.monotonic() + timeout
+    alive = list(pids)
+    while alive and time.monotonic() < end:
+        alive = [p for p in alive if not pid_gone(p)]
+        if alive:
+            time.sleep(0.05)
+    return [p for p in alive if not pid_gone(p)]
+
+
+# -- comparing results ------------------------------------------------------------------
+def assert_tree_equal(a: Any, b: Any, path: str = "") -> None:
+    """Exact equality of obs/infos trees: dicts, tuples, arrays (with dtype), object arrays, scalars."""
+    if isinstance(a, dict) or isinstance(b, dict):
+        assert isinstance(a, dict) and isinstance(b, dict), f"{path}: {type(a).__name__} vs {type(b).__name__}"
+        assert set(a) == set(b), f"{path}: keys {sorted(a)} vs {sorted(b)}"
+        for k in a:
+            assert_tree_equal(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, tuple) and not isinstance(a, np.ndarray):
+        assert isinstance(b, tuple) and len(a) == len(b), f"{path}: {a!r} vs {b!r}"
+        for k, (x, y) in enumerate(zip(a, b)):
+            assert_tree_equal(x, y, f"{path}[{k}]")
+    elif isinstance(a, np.ndarray) and a.dtype == object:
+        assert isinstance(b, np.ndarray) and b.dtype == object and a.shape == b.shape, f"{path}: {a!r} vs {b!r}"
+        for k, (x, y) in enumerate(zip(a.ravel(), b.ravel())):
+            assert_tree_equal(x, y, f"{path}[{k}]")
+    elif a is None or b is None:
+        assert a is None and b is None, f"{path}: {a!r} vs {b!r}"
+    else:
+        xa, xb = np.asarray(a), np.asarray(b)
+        if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+            assert xa.dtype == xb.dtype, f"{path}: dtype {xa.dtype} vs {xb.dtype}"
+        np.testing.assert_array_equal(xa, xb, err_msg=f"at {path}")
+
+
+def unbatch_info(infos: dict[str, Any], row: int) -> dict[str, Any]:
+    """The info dict of one row of a vectorised info (``key`` + ``_key`` masks)."""
+    out: dict[str, Any] = {}
+    for key, value in infos.items():
+        if key.startswith("_"):
+            continue
+        mask = infos.get(f"_{key}")
+        assert mask is not None, f"info key {key!r} has no '_{key}' mask"
+        if not mask[row]:
+            continue
+        out[key] = unbatch_info(value, row) if isinstance(value, dict) else value[row]
+    return out
+
+
+def assert_info_equal(got: Any, want: dict[str, Any], path: str = "info") -> None:
+    """A single env's info as delivered (numpy scalars) against the env's own (python values)."""
+    assert set(got) == set(want), f"{path}: keys {sorted(got)} vs {sorted(want)}"
+    for k, w in want.items():
+        g = got[k]
+        if isinstance(w, dict):
+            assert_info_equal(g, w, f"{path}[{k!r}]")
+        else:
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=f"at {path}[{k!r}]")
+
+
+class RefEnv:
+    """One env stepped in this process with gymnasium's NEXT_STEP autoreset: the ground truth."""
+
+    def __init__(self, make: Callable[[], gym.Env], seed: int | None) -> None:
+        self.env = make()
+        self.done = False
+        self.reset_obs, self.reset_info = self.env.reset(seed=seed)
+
+    def reset(self, seed: int | None = None) -> tuple[Any, dict]:
+        self.done = False
+        return self.env.reset(seed=seed)
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        if self.done:
+            obs, info = self.env.reset()
+            r, term, trunc = 0.0, False, False
+        else:
+            obs, r, term, trunc, info = self.env.step(action)
+        self.done = bool(term or trunc)
+        return obs, r, term, trunc, info
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def assert_row_matches(res: aiovec.StepResult, k: int, want: tuple[Any, float, bool, bool, dict], what: str) -> None:
+    """Row ``k`` of a recv() result equals one reference transition."""
+    obs, r, term, trunc, info = want
+    assert_tree_equal(res.obs[k], np.asarray(obs, dtype=res.obs.dtype), f"{what} obs")
+    assert res.rewards[k] == r, f"{what}: reward {res.rewards[k]} vs {r}"
+    assert bool(res.terminations[k]) == bool(term), f"{what}: terminated {res.terminations[k]} vs {term}"
+    assert bool(res.truncations[k]) == bool(trunc), f"{what}: truncated {res.truncations[k]} vs {trunc}"
+    assert_info_equal(unbatch_info(res.infos, k), info, f"{what} info")
