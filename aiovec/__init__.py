@@ -1,6 +1,7 @@
 """aiovec: an asyncio-native orchestrator for gymnasium environments in worker processes."""
 
 from . import envs as _envs  # registers the aiovec/* synthetic envs
+from .controller import AdaptiveController, Controller, Decision, Measurement, StaticController
 from .errors import (
     AiovecError,
     ClosedError,
@@ -16,7 +17,12 @@ from .make import make
 from .vecenv import AsyncVecEnv, StepResult
 
 __all__ = [
+    "AdaptiveController",
     "AiovecError",
+    "Controller",
+    "Decision",
+    "Measurement",
+    "StaticController",
     "AsyncVecEnv",
     "ClosedError",
     "ConfigError",

@@ -209,6 +209,11 @@ class WorkerPool:
 
     # -- resizing -----------------------------------------------------------------------
     @property
+    def target_workers(self) -> int:
+        """Workers that are not being retired (what the last resize asked for)."""
+        return len(self.workers) - len(self._retiring)
+
+    @property
     def pending_moves(self) -> int:
         return len(self._targets) + len(self._moving)
 

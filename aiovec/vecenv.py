@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -25,6 +26,8 @@ from gymnasium.vector.utils import batch_space
 from . import protocol as P
 from .autoconf import SPIN_S, plan_workers, probe_step_cost, spin_for
 from .backends.process import ProcessBackend, get_context
+from .control import ControlLoop
+from .controller import AdaptiveController, Controller
 from .errors import (
     AiovecError,
     ClosedError,
@@ -68,6 +71,8 @@ class AsyncVecEnv:
         step_timeout: seconds a worker may spend on one step/reset command before it is
             killed and reported as crashed (``None``: no limit).
         close_timeout: grace period for workers to exit on ``close()`` before they are killed.
+        controller: decides the worker count at run time (default with ``num_workers="auto"``:
+            :class:`~aiovec.AdaptiveController`; with an int: none, the count stays).
         spin: let idle workers poll briefly for the next command instead of sleeping at once
             (``"auto"``: only when the workers leave the parent a CPU of its own).
     """
@@ -83,6 +88,7 @@ class AsyncVecEnv:
         step_timeout: float | None = None,
         close_timeout: float = 5.0,
         spin: bool | str = "auto",
+        controller: Controller | None = None,
     ) -> None:
         env_fns = list(env_fns)
         if not env_fns:
@@ -148,6 +154,11 @@ class AsyncVecEnv:
         self._starting: asyncio.Future | None = None
         self._closed = False
         self._all = np.arange(n)
+        self._busy_s = 0.0  # time with at least one step in flight: the caller's demand
+        self._busy_since = 0.0
+        self.controller = controller if controller is not None else (AdaptiveController() if num_workers == "auto" else None)
+        self._control: ControlLoop | None = None
+        self._control_task: asyncio.Task | None = None
 
     # -- lifetime -----------------------------------------------------------------------
     async def __aenter__(self) -> AsyncVecEnv:
@@ -184,6 +195,9 @@ class AsyncVecEnv:
                 raise ClosedError("the vector env was closed while starting")
             pool.movable = self._movable
             self._pool = pool
+            if self.controller is not None:
+                self._control = ControlLoop(self, self.controller)
+                self._control_task = loop.create_task(self._control.run())
             self._starting.set_result(None)
         except BaseException as exc:
             self._starting.set_exception(exc)
@@ -197,6 +211,9 @@ class AsyncVecEnv:
             return
         self._closed = True
         self._wake()
+        if self._control_task is not None:
+            self._control_task.cancel()
+            await asyncio.gather(self._control_task, return_exceptions=True)
         pool, self._pool = self._pool, None
         if pool is None:
             return
@@ -294,6 +311,8 @@ class AsyncVecEnv:
                 )
         put_rows(self._views.actions, ids, acts)
         self._state[ids] = STEPPING
+        if not self._in_flight:
+            self._busy_since = time.perf_counter()
         self._in_flight += len(ids)
         self._pool.submit(None if env_ids is None else ids.tolist(), _step_msg, self._on_step_reply)  # type: ignore[union-attr]
 
@@ -393,6 +412,14 @@ class AsyncVecEnv:
         """Envs still waiting for an episode boundary to move to their new worker."""
         return self._pool.pending_moves if self._pool is not None else 0
 
+    @property
+    def control_history(self) -> list[dict[str, Any]]:
+        """One entry per control interval: time, workers, steps/s, latency, decision and reason."""
+        return self._control.history if self._control is not None else []
+
+    def _busy_time(self) -> float:
+        return self._busy_s + (time.perf_counter() - self._busy_since if self._in_flight else 0.0)
+
     def _movable(self, i: int) -> bool:
         return bool(self._boundary[i]) and self._state[i] not in (STEPPING, RESETTING, LOST)
 
@@ -410,6 +437,8 @@ class AsyncVecEnv:
         _, ids, infos, errs, _ = reply
         state, ready = self._state, self._ready
         self._in_flight -= len(ids)
+        if not self._in_flight:
+            self._busy_s += time.perf_counter() - self._busy_since
         failed = ()
         if errs:
             failed = {e[0] for e in errs}
@@ -425,10 +454,11 @@ class AsyncVecEnv:
                 if i not in failed:
                     state[i] = READY
                     ready[i] = infos[k] if infos else None
-        v = self._views
-        self._boundary[list(ids)] = v.terminations[list(ids)] | v.truncations[list(ids)]
-        if self._pool.pending_moves:  # type: ignore[union-attr]
-            self._pool.try_moves()  # type: ignore[union-attr]
+        v, rows = self._views, list(ids)
+        self._boundary[rows] = v.terminations[rows] | v.truncations[rows]
+        pool = self._pool
+        if pool is not None and pool.pending_moves:
+            pool.try_moves()
         self._wake()
 
     def _on_worker_lost(self, err: WorkerCrashedError) -> None:

@@ -1,0 +1,151 @@
+"""Adaptive controllers: pure decision logic, measurements in, a target worker count out.
+
+No clock, no I/O, no asyncio: a controller is fed one :class:`Measurement` per
+control interval and returns a :class:`Decision`, so it can be tested on
+recorded or simulated traces and users can plug in their own (anything with a
+``decide(measurement) -> Decision`` method).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one control interval saw. Per-step times are seconds per env step."""
+
+    interval_s: float
+    num_workers: int
+    num_envs: int
+    steps: int
+    cpu_per_step: float  # CPU inside workers
+    blocked_per_step: float  # inside workers, neither running nor runnable (sleep, I/O)
+    runq_per_step: float  # inside workers, runnable but waiting for a CPU
+    main_cpu_per_step: float  # CPU of the parent process
+    demand: float  # share of the interval in which the caller had steps in flight
+    cpus: float  # CPUs available to this process
+    settling: bool = False  # workers started or envs moved during the interval
+
+    @property
+    def throughput(self) -> float:
+        return self.steps / self.interval_s if self.interval_s > 0 else 0.0
+
+    @property
+    def runq_share(self) -> float:
+        total = self.cpu_per_step + self.blocked_per_step + self.runq_per_step
+        return self.runq_per_step / total if total > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    target: int
+    reason: str
+    measured: bool = True  # False when the interval was skipped (no demand, settling)
+
+
+class Controller(Protocol):
+    def decide(self, m: Measurement) -> Decision: ...
+
+
+class StaticController:
+    """Always the same worker count."""
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+
+    def decide(self, m: Measurement) -> Decision:
+        return Decision(self.num_workers, "static")
+
+
+class AdaptiveController:
+    """Model-based worker count with guards and hysteresis (see docs/controller notes).
+
+    Target from Little's law: the throughput the machine can sustain is
+    ``X = min(C / (t_cpu + t_main), 0.85 / t_main)`` (CPUs, or the single-threaded
+    parent, whichever binds), and each worker delivers ``1 / (t_cpu + t_blocked)``
+    steps/s, so ``N = X * (t_cpu + t_blocked)``. Because per-step CPU hardly depends
+    on N, "the env got heavier" is told apart from "the CPUs are oversubscribed"
+    (which shows as run-queue wait, and caps N). Growth is at most x2 per interval;
+    shrinking needs ``shrink_votes`` consecutive votes unless the run queue is
+    badly oversubscribed. Per-step costs are smoothed, and the smoothing restarts
+    when the cost jumps (a regime change) so the controller re-adapts at once.
+    """
+
+    def __init__(
+        self,
+        min_workers: int = 1,
+        max_workers: int | None = None,
+        shrink_votes: int = 3,
+        min_demand: float = 0.5,
+        runq_cap: float = 0.10,
+        main_limit: float = 0.85,
+        smoothing: float = 0.5,
+    ) -> None:
+        if min_workers < 1 or (max_workers is not None and max_workers < min_workers):
+            raise ValueError(f"need 1 <= min_workers <= max_workers, got {min_workers}, {max_workers}")
+        self.min_workers = min_workers
+        self.max_workers = max_workers
+        self.shrink_votes = shrink_votes
+        self.min_demand = min_demand
+        self.runq_cap = runq_cap
+        self.main_limit = main_limit
+        self.alpha = smoothing
+        self._avg: tuple[float, float, float] | None = None  # (t_cpu, t_blocked, t_main)
+        self._jumps = 0
+        self._votes = 0
+        self.main_bound = False
+
+    def decide(self, m: Measurement) -> Decision:
+        n = m.num_workers
+        if m.steps == 0 or m.demand < self.min_demand:
+            return Decision(n, f"skipped: caller asked for steps only {m.demand:.0%} of the interval", measured=False)
+        if m.settling:
+            return Decision(n, "skipped: workers starting or envs moving", measured=False)
+        raw = (m.cpu_per_step, m.blocked_per_step, m.main_cpu_per_step)
+        regime = ""
+        if self._avg is None:
+            self._avg = raw
+        else:
+            ratio = (raw[0] + raw[1]) / max(self._avg[0] + self._avg[1], 1e-9)
+            self._jumps = self._jumps + 1 if not 0.8 <= ratio <= 1.25 else 0
+            if self._jumps >= 2:
+                self._avg, self._jumps, self._votes = raw, 0, 0
+                regime = "env cost changed; "
+            else:
+                a = self.alpha
+                self._avg = tuple(a * r + (1 - a) * s for r, s in zip(raw, self._avg))  # type: ignore[assignment]
+        t_cpu, t_blk, t_main = self._avg
+        t_main = max(t_main, 1e-6)
+        x_cpu = m.cpus / max(t_cpu + t_main, 1e-9)
+        x_main = self.main_limit / t_main
+        self.main_bound = x_main < x_cpu
+        x_max = min(x_cpu, x_main)
+        model = x_max * (t_cpu + t_blk)
+        target = max(1, math.ceil(model - 0.15))
+        why = (f"{regime}model: {x_max:.0f} steps/s possible "
+               f"({'parent-bound: packing envs into fewer workers' if self.main_bound else 'CPU/latency-bound'}), "
+               f"each worker step {1e3 * (t_cpu + t_blk):.2f} ms -> {model:.1f} workers")
+        share = m.runq_share
+        if share > self.runq_cap and target >= n:
+            target = max(1, min(target, math.floor(n * (1 - share))))
+            why += f"; run queue {share:.0%} of step time: capped"
+        hi = min(self.max_workers or m.num_envs, m.num_envs)
+        target = max(self.min_workers, min(hi, target))
+        if target != n and abs(target - n) < max(1.0, 0.1 * n):  # dead-band against churn at large N
+            self._votes = 0
+            return Decision(n, f"hold (within 10%): {why}")
+        if target > n:
+            target = min(target, 2 * n)
+            self._votes = 0
+            return Decision(target, f"grow: {why}")
+        if target < n:
+            self._votes += 1
+            if self._votes < self.shrink_votes and share < 0.3:
+                return Decision(n, f"hold (shrink vote {self._votes}/{self.shrink_votes}): {why}")
+            self._votes = 0
+            return Decision(max(target, n // 2), f"shrink: {why}")
+        self._votes = 0
+        return Decision(n, f"hold: {why}")
