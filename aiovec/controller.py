@@ -123,7 +123,9 @@ class AdaptiveController:
         x_main = self.main_limit / t_main
         self.main_bound = x_main < x_cpu
         x_max = min(x_cpu, x_main)
-        model = x_max * (t_cpu + t_blk)
+        # Waiting envs: throughput is flat above the optimum and steep below it, so lean up.
+        waiting = t_blk / max(t_cpu + t_blk, 1e-9)
+        model = x_max * (t_cpu + t_blk) * (1.0 + 0.25 * waiting)
         target = max(1, math.ceil(model - 0.15))
         why = (f"{regime}model: {x_max:.0f} steps/s possible "
                f"({'parent-bound: packing envs into fewer workers' if self.main_bound else 'CPU/latency-bound'}), "

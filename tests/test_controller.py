@@ -1,0 +1,89 @@
+"""The adaptive controller on simulated measurement traces (deterministic, no processes)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from aiovec import AdaptiveController, Measurement, StaticController
+
+
+def simulate(n: int, cpus: float, t_cpu: float, t_wait: float, t_main: float, num_envs: int) -> Measurement:
+    """One interval of a simple machine model: N workers, each stepping its envs in turn."""
+    per_worker = 1.0 / (t_cpu + t_wait)
+    x = min(n * per_worker, cpus / (t_cpu + t_main), 0.95 / t_main)
+    cpu_demand = n * t_cpu / (t_cpu + t_wait)  # CPUs the workers would like
+    over = max(0.0, cpu_demand + x * t_main - cpus)
+    runq = t_cpu * over / max(cpus, 1e-9)
+    steps = int(x * 1.0)
+    return Measurement(1.0, n, num_envs, steps, t_cpu, t_wait, runq, t_main, 1.0, cpus)
+
+
+def converge(ctrl: AdaptiveController, n: int, intervals: int, **env: float) -> list[int]:
+    trace = []
+    for _ in range(intervals):
+        d = ctrl.decide(simulate(n, **env))
+        n = d.target
+        trace.append(n)
+    return trace
+
+
+@pytest.mark.parametrize("start", [1, 2, 8, 16])
+def test_cpu_bound_settles_on_the_cores_not_on_surplus_workers(start: int) -> None:
+    trace = converge(AdaptiveController(), start, 20, cpus=2, t_cpu=1e-3, t_wait=0.0, t_main=2e-5, num_envs=16)
+    assert trace[-10:] == [2] * 10  # held, no oscillation
+    assert trace.index(2) <= 10
+
+
+def test_latency_bound_finds_the_many_worker_optimum() -> None:
+    # 1 ms CPU + 20 ms waiting on 2 cores: ~ C * (1 + wait/cpu) = 42 workers, capped by 48 envs
+    trace = converge(AdaptiveController(), 2, 20, cpus=2, t_cpu=1e-3, t_wait=20e-3, t_main=3e-5, num_envs=48)
+    assert 38 <= trace[-1] <= 48
+    assert len(set(trace[-8:])) == 1
+
+
+def test_cheap_envs_are_packed_when_the_parent_is_the_bottleneck() -> None:
+    ctrl = AdaptiveController()
+    trace = converge(ctrl, 8, 12, cpus=2, t_cpu=1e-5, t_wait=0.0, t_main=4e-5, num_envs=16)
+    assert trace[-1] == 1
+    assert ctrl.main_bound
+
+
+def test_reacts_to_a_change_of_env_cost_within_six_intervals() -> None:
+    ctrl = AdaptiveController()
+    n = converge(ctrl, 2, 15, cpus=2, t_cpu=1e-3, t_wait=20e-3, t_main=3e-5, num_envs=48)[-1]
+    assert n > 30
+    after = converge(ctrl, n, 6, cpus=2, t_cpu=1e-3, t_wait=0.0, t_main=3e-5, num_envs=48)
+    assert after[-1] <= 3
+
+
+def test_ignores_intervals_without_demand() -> None:
+    ctrl = AdaptiveController()
+    m = simulate(4, cpus=2, t_cpu=1e-3, t_wait=0.0, t_main=2e-5, num_envs=8)
+    idle = Measurement(**{**m.__dict__, "demand": 0.1})
+    d = ctrl.decide(idle)
+    assert d.target == 4 and not d.measured and "skipped" in d.reason
+
+
+def test_shrinks_only_after_consecutive_votes() -> None:
+    ctrl = AdaptiveController(shrink_votes=3)
+    m = simulate(8, cpus=2, t_cpu=1e-3, t_wait=0.0, t_main=2e-5, num_envs=8)
+    m = Measurement(**{**m.__dict__, "runq_per_step": 0.0})  # not oversubscribed: no emergency shrink
+    targets = [ctrl.decide(m).target for _ in range(3)]
+    assert targets[:2] == [8, 8] and targets[2] < 8
+
+
+def test_respects_bounds() -> None:
+    ctrl = AdaptiveController(min_workers=3, max_workers=5)
+    assert converge(ctrl, 4, 10, cpus=2, t_cpu=1e-5, t_wait=0.0, t_main=4e-5, num_envs=16)[-1] == 3
+    ctrl = AdaptiveController(min_workers=1, max_workers=5)
+    assert converge(ctrl, 4, 10, cpus=2, t_cpu=1e-3, t_wait=50e-3, t_main=3e-5, num_envs=16)[-1] == 5
+    with pytest.raises(ValueError):
+        AdaptiveController(min_workers=4, max_workers=2)
+
+
+def test_static_controller() -> None:
+    m = simulate(2, cpus=2, t_cpu=1e-3, t_wait=0.0, t_main=2e-5, num_envs=8)
+    assert StaticController(3).decide(m).target == 3
+    assert math.isfinite(m.runq_share)
