@@ -1,0 +1,57 @@
+"""Regenerate the README's result blocks from result files, so its numbers are never typed by hand.
+
+    python -m aiovec.bench core --out bench-results/core.json
+    aiovec demo --output bench-results/demo
+    python -m aiovec.bench.readme            # rewrites the blocks between the README's markers
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def core_block(path: Path) -> str:
+    r = json.loads(path.read_text())
+    ov, lag = r["overhead_us"], r["loop_lag"]
+    return "\n".join([
+        f"Machine: {r['machine']}. {r['repeats']} interleaved repeats of {r['duration_s']} s each; medians; steps/s with all envs counted.",
+        "",
+        r["table"],
+        "",
+        f"- Per-step overhead, one CartPole env (bare step {ov['bare_env_step_us']:.1f} us): aiovec +{ov['aiovec']:.0f} us, gymnasium AsyncVectorEnv +{ov['gym_async']:.0f} us.",
+        f"- Event-loop lag (lateness of a 1 ms timer) while stepping CartPole x8 at {lag['steps_per_s'] / 1000:.1f}k steps/s: p50 {lag['p50_ms']:.2f} ms, p99 {lag['p99_ms']:.2f} ms.",
+        f"- Skipped (not installed): {', '.join(r['skipped']) or 'none'}.",
+    ])
+
+
+def demo_block(path: Path) -> str:
+    from aiovec.demo import _table
+
+    return _table(json.loads(path.read_text()))
+
+
+def replace(text: str, name: str, body: str) -> str:
+    pat = re.compile(rf"(<!-- {name} -->\n).*?(\n<!-- /{name} -->)", re.S)
+    if not pat.search(text):
+        raise SystemExit(f"README has no <!-- {name} --> block")
+    return pat.sub(lambda m: m.group(1) + body + m.group(2), text)
+
+
+def main(root: str = ".") -> None:
+    base = Path(root)
+    readme = base / "README.md"
+    text = readme.read_text()
+    core = base / "bench-results" / "core.json"
+    demo = base / "bench-results" / "demo" / "demo.json"
+    if core.exists():
+        text = replace(text, "bench:core", core_block(core))
+    if demo.exists():
+        text = replace(text, "bench:demo", demo_block(demo))
+    readme.write_text(text)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
