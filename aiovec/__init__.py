@@ -12,6 +12,7 @@ from .errors import (
     StepTimeoutError,
     WorkerCrashedError,
 )
+from .gym import VectorEnv, make_vec
 from .loop import run
 from .make import make
 from .vecenv import AsyncVecEnv, StepResult
@@ -31,8 +32,10 @@ __all__ = [
     "InvalidActionError",
     "StepResult",
     "StepTimeoutError",
+    "VectorEnv",
     "WorkerCrashedError",
     "make",
+    "make_vec",
     "run",
 ]
 __version__ = "0.1.0"
