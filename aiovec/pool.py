@@ -56,6 +56,8 @@ class WorkerPool:
         stats: Stats,
         on_lost: Callable[[WorkerCrashedError], None],
         step_timeout: float | None = None,
+        max_restarts: int = 0,
+        restart_backoff: float = 0.1,
     ) -> None:
         self.backend = backend
         self.factories = list(factories)
@@ -63,6 +65,15 @@ class WorkerPool:
         self.stats = stats
         self.on_lost = on_lost
         self.step_timeout = step_timeout
+        # Restarts: a dead worker's envs go to a new worker while the budget lasts.
+        self.restarts_left = max_restarts
+        self.restarts = 0
+        self.restart_backoff = restart_backoff
+        self._last_restart = -1e9
+        self._backoff = restart_backoff
+        self.on_restart: Callable[[WorkerCrashedError], None] | None = None  # set by the vector env
+        self.restart_state: Callable[[int], dict | None] = lambda env_id: None
+        self.closing = False
         self.workers: dict[int, _Worker] = {}
         self.location: list[int | None] = [None] * self.num_envs
         self._next_id = 0
@@ -116,6 +127,7 @@ class WorkerPool:
 
     async def close(self, grace: float) -> None:
         """CLOSE every worker, wait up to ``grace`` for each to exit, kill the rest."""
+        self.closing = True
         for wid, w in self.workers.items():
             if w.handle.alive:
                 self._send(wid, (P.CLOSE,), None)
@@ -352,9 +364,41 @@ class WorkerPool:
         for _op, _t, handler in pending:
             if handler is not None:
                 handler(wid, None, err)
-        self.on_lost(err)
         # The handle is kept reachable until stopped, so close() can reap it.
         self._dead.append(w.handle)
+        for env in [e for e, (dest, _) in self._moving.items() if dest == wid]:
+            self._moving[env] = (-1, self._moving[env][1])  # was moving into the dead worker
+            env_ids.append(env)
+        if self.restarts_left > 0 and env_ids and not self.closing and self.on_restart is not None:
+            self.restarts_left -= 1
+            self.restarts += 1
+            now = time.perf_counter()
+            # Backoff doubles while restarts come within a second of each other.
+            self._backoff = min(self._backoff * 2, 5.0) if now - self._last_restart < 1.0 else self.restart_backoff
+            self._last_restart = now
+            for env in env_ids:
+                self._moving.setdefault(env, (-1, []))
+            self.on_restart(err)
+            self._loop.call_later(self._backoff, self._respawn, sorted(env_ids))
+        else:
+            for env in env_ids:
+                if env in self._moving:
+                    for _build, handler in self._moving.pop(env)[1]:
+                        if handler is not None:
+                            handler(wid, None, err)
+            self.on_lost(err)
+
+    def _respawn(self, env_ids: list[int]) -> None:
+        if self.closing:
+            return
+        wid = self._spawn()
+        for env in env_ids:
+            _, deferred = self._moving.pop(env, (-1, []))
+            self._add_env(wid, env, self.restart_state(env))
+            for build, handler in deferred:
+                self._send(wid, build([env]), handler)
+        if self._targets or self._retiring:
+            self._plan()
 
     async def reap(self, grace: float) -> None:
         dead, self._dead = self._dead, []

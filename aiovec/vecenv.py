@@ -73,6 +73,11 @@ class AsyncVecEnv:
         close_timeout: grace period for workers to exit on ``close()`` before they are killed.
         controller: decides the worker count at run time (default with ``num_workers="auto"``:
             :class:`~aiovec.AdaptiveController`; with an int: none, the count stays).
+        max_restarts: how many worker deaths to survive (budget over the vector env's life).
+            A new worker takes over the dead one's envs; each interrupted episode comes back
+            as ``truncated=True`` with ``infos["worker_restarted"]``, and the env continues
+            from a fresh reset whose seed derives from its last seed and the restart count.
+        restart_backoff: seconds before the first restart; doubles for restarts within 1 s.
         spin: let idle workers poll briefly for the next command instead of sleeping at once
             (``"auto"``: only when the workers leave the parent a CPU of its own).
     """
@@ -89,6 +94,8 @@ class AsyncVecEnv:
         close_timeout: float = 5.0,
         spin: bool | str = "auto",
         controller: Controller | None = None,
+        max_restarts: int = 0,
+        restart_backoff: float = 0.1,
     ) -> None:
         env_fns = list(env_fns)
         if not env_fns:
@@ -106,6 +113,12 @@ class AsyncVecEnv:
             raise ConfigError(f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, got {autoreset_mode!r}") from None
         if num_workers != "auto":
             _positive_int(num_workers, "num_workers")
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+        if not isinstance(restart_backoff, (int, float)) or restart_backoff < 0:
+            raise ConfigError(f"restart_backoff must be >= 0 seconds, got {restart_backoff!r}")
+        self.max_restarts = max_restarts
+        self.restart_backoff = float(restart_backoff)
         if spin not in ("auto", True, False):
             raise ConfigError(f"spin must be 'auto', True or False, got {spin!r}")
         for name, value in (("step_timeout", step_timeout), ("close_timeout", close_timeout)):
@@ -143,6 +156,9 @@ class AsyncVecEnv:
 
         self._state = np.full(n, IDLE, dtype=np.int8)
         self._boundary = np.ones(n, dtype=np.bool_)  # at an episode boundary: may move between workers
+        self._restarted: set[int] = set()  # idle envs whose worker was replaced: next send truncates
+        self._seeds: list[int | None] = [None] * n  # last explicit seed per env (restarts derive from it)
+        self._restart_counts = [0] * n
         self._ready: dict[int, dict | None] = {}  # env id -> info, in arrival order
         self._in_flight = 0
         self._errors: deque[AiovecError] = deque()
@@ -183,7 +199,10 @@ class AsyncVecEnv:
             buffers = SharedBuffers(ctx, self.single_observation_space, self.single_action_space, self.num_envs)
             self._views = buffers.views()
             backend = ProcessBackend(ctx, buffers, self.autoreset_mode.value, self._spin_s)
-            pool = WorkerPool(backend, self._factories, self._stats, self._on_worker_lost, self.step_timeout)
+            pool = WorkerPool(backend, self._factories, self._stats, self._on_worker_lost, self.step_timeout,
+                              self.max_restarts, self.restart_backoff)
+            pool.on_restart = self._on_worker_restarted
+            pool.restart_state = self._restart_state
             try:
                 await pool.start(self._requested_workers)
             except BaseException:
@@ -255,6 +274,10 @@ class AsyncVecEnv:
             ids = np.flatnonzero(_check_reset_mask(options.pop("reset_mask"), n))
         self._check_envs(ids, (IDLE, BROKEN), "reset")
         self._state[ids] = RESETTING
+        for i in ids.tolist():
+            self._restarted.discard(i)
+            if seeds[i] is not None:
+                self._seeds[i] = seeds[i]
         infos: dict[int, dict | None] = {}
         errors: list[AiovecError] = []
         done = asyncio.get_running_loop().create_future()
@@ -309,6 +332,10 @@ class AsyncVecEnv:
                     f"envs {ids[done].tolist()} ended their episode and autoreset_mode is DISABLED: "
                     "reset them (options={'reset_mask': ...}) before stepping"
                 )
+        if self._restarted:
+            ids, acts = self._truncate_restarted(ids, acts)
+            if len(ids) == 0:
+                return
         put_rows(self._views.actions, ids, acts)
         self._state[ids] = STEPPING
         if not self._in_flight:
@@ -427,7 +454,9 @@ class AsyncVecEnv:
     def stats(self) -> dict[str, Any]:
         """Steps, steps/s, batch latency percentiles (seconds), and the same per worker."""
         snap = self._stats.snapshot()
-        snap.update(num_envs=self.num_envs, num_workers=self.num_workers, in_flight=self._in_flight, ready=len(self._ready))
+        snap.update(num_envs=self.num_envs, num_workers=self.num_workers, in_flight=self._in_flight, ready=len(self._ready),
+                    restarts=self._pool.restarts if self._pool is not None else 0,
+                    moves=self._pool.moves if self._pool is not None else 0)
         return snap
 
     # -- internals ----------------------------------------------------------------------
@@ -459,6 +488,47 @@ class AsyncVecEnv:
         pool = self._pool
         if pool is not None and pool.pending_moves:
             pool.try_moves()
+        self._wake()
+
+    def _restart_state(self, i: int) -> dict:
+        """State for env ``i`` on its new worker: episode over, generator derived from its last seed."""
+        self._restart_counts[i] += 1
+        entropy = self._seeds[i] if self._seeds[i] is not None else np.random.SeedSequence().entropy
+        gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy, spawn_key=(i, self._restart_counts[i]))))
+        return {"kind": "ended", "np_random": gen, "needs_reset": self.autoreset_mode != AutoresetMode.DISABLED}
+
+    def _synthesize_truncation(self, i: int) -> None:
+        v = self._views
+        v.rewards[i] = 0.0
+        v.terminations[i] = False
+        v.truncations[i] = True  # obs stays the last one delivered: do not bootstrap across it
+        self._state[i] = READY
+        self._boundary[i] = True
+        self._ready[i] = {"worker_restarted": True}
+
+    def _truncate_restarted(self, ids: np.ndarray, acts: Any) -> tuple[np.ndarray, Any]:
+        hit = np.fromiter((i in self._restarted for i in ids.tolist()), dtype=np.bool_, count=len(ids))
+        if not hit.any():
+            return ids, acts
+        for i in ids[hit].tolist():
+            self._restarted.discard(i)
+            self._synthesize_truncation(i)
+        self._wake()
+        keep = ~hit
+        return ids[keep], _rows(acts, keep)
+
+    def _on_worker_restarted(self, err: WorkerCrashedError) -> None:
+        for i in err.env_ids:
+            st = self._state[i]
+            if st == STEPPING:
+                self._in_flight -= 1
+                self._synthesize_truncation(i)
+            elif st == RESETTING:
+                self._state[i] = BROKEN  # the reset raised; resetting again is allowed
+            elif st in (IDLE, READY):
+                self._restarted.add(i)
+        if not self._in_flight and self._busy_since:
+            self._busy_s += time.perf_counter() - self._busy_since
         self._wake()
 
     def _on_worker_lost(self, err: WorkerCrashedError) -> None:
@@ -539,6 +609,14 @@ class AsyncVecEnv:
             if self._state[i] == LOST:
                 raise self._lost[i]
             raise EnvStateError(f"cannot {what} env {i}: it is {_STATE_NAMES[self._state[i]]}")
+
+
+def _rows(values: Any, mask: np.ndarray) -> Any:
+    if isinstance(values, dict):
+        return {k: _rows(v, mask) for k, v in values.items()}
+    if isinstance(values, tuple):
+        return tuple(_rows(v, mask) for v in values)
+    return values[mask]
 
 
 def _step_msg(ids: list[int]) -> tuple[Any, ...]:
