@@ -11,6 +11,7 @@ trajectory.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -58,6 +59,8 @@ class WorkerPool:
         step_timeout: float | None = None,
         max_restarts: int = 0,
         restart_backoff: float = 0.1,
+        recycle_steps: int | None = None,
+        recycle_rss_mb: float | None = None,
     ) -> None:
         self.backend = backend
         self.factories = list(factories)
@@ -74,6 +77,11 @@ class WorkerPool:
         self.on_restart: Callable[[WorkerCrashedError], None] | None = None  # set by the vector env
         self.restart_state: Callable[[int], dict | None] = lambda env_id: None
         self.closing = False
+        # Recycling: replace a worker after so many steps or above an RSS limit (leaky envs).
+        self.recycle_steps = recycle_steps
+        self.recycle_rss_mb = recycle_rss_mb
+        self.recycled = 0
+        self._replies = 0
         self.workers: dict[int, _Worker] = {}
         self.location: list[int | None] = [None] * self.num_envs
         self._next_id = 0
@@ -321,6 +329,24 @@ class WorkerPool:
             self.workers[wid].envs.discard(env)
             self.on_lost(err)
 
+    def _check_recycle(self) -> None:
+        for wid, w in list(self.workers.items()):
+            if wid in self._retiring or not w.envs:
+                continue
+            ws = self.stats.worker(wid)
+            old = self.recycle_steps is not None and ws.steps >= self.recycle_steps
+            fat = self.recycle_rss_mb is not None and ws.pid is not None and _rss_mb(ws.pid) > self.recycle_rss_mb
+            if old or fat:
+                self.replace(wid)
+
+    def replace(self, wid: int) -> None:
+        """Retire a worker in favour of a fresh one; its envs move at their episode boundaries."""
+        self.recycled += 1
+        self._spawn()
+        self._retiring.add(wid)
+        self._plan()
+        self.try_moves()
+
     def _stop_empty(self) -> None:
         for wid in sorted(self._retiring):
             w = self.workers.get(wid)
@@ -345,6 +371,10 @@ class WorkerPool:
             handler(wid, reply, None)
         if wid in self._retiring and not w.pending:
             self._stop_empty()
+        if self.recycle_steps or self.recycle_rss_mb:
+            self._replies += 1
+            if self._replies % 64 == 0:
+                self._check_recycle()
 
     def _on_exit(self, wid: int, exitcode: int | None, tb: str | None) -> None:
         w = self.workers.pop(wid, None)
@@ -403,6 +433,15 @@ class WorkerPool:
     async def reap(self, grace: float) -> None:
         dead, self._dead = self._dead, []
         await asyncio.gather(*(h.stop(grace) for h in dead), return_exceptions=True)
+
+
+def _rss_mb(pid: int) -> float:
+    """Resident memory of a process in MiB (Linux /proc; 0 where unavailable)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _chain(*handlers: ReplyHandler) -> ReplyHandler:

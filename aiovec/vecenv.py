@@ -78,6 +78,9 @@ class AsyncVecEnv:
             as ``truncated=True`` with ``infos["worker_restarted"]``, and the env continues
             from a fresh reset whose seed derives from its last seed and the restart count.
         restart_backoff: seconds before the first restart; doubles for restarts within 1 s.
+        recycle_steps / recycle_rss_mb: replace a worker after that many env steps, or when its
+            resident memory exceeds that many MiB (leaky envs); envs move at episode boundaries,
+            so the caller sees nothing but ``stats()["recycled"]``.
         spin: let idle workers poll briefly for the next command instead of sleeping at once
             (``"auto"``: only when the workers leave the parent a CPU of its own).
     """
@@ -96,6 +99,8 @@ class AsyncVecEnv:
         controller: Controller | None = None,
         max_restarts: int = 0,
         restart_backoff: float = 0.1,
+        recycle_steps: int | None = None,
+        recycle_rss_mb: float | None = None,
     ) -> None:
         env_fns = list(env_fns)
         if not env_fns:
@@ -117,6 +122,10 @@ class AsyncVecEnv:
             raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
         if not isinstance(restart_backoff, (int, float)) or restart_backoff < 0:
             raise ConfigError(f"restart_backoff must be >= 0 seconds, got {restart_backoff!r}")
+        for name, value in (("recycle_steps", recycle_steps), ("recycle_rss_mb", recycle_rss_mb)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise ConfigError(f"{name} must be a positive number or None, got {value!r}")
+        self._recycle = (recycle_steps, recycle_rss_mb)
         self.max_restarts = max_restarts
         self.restart_backoff = float(restart_backoff)
         if spin not in ("auto", True, False):
@@ -200,7 +209,7 @@ class AsyncVecEnv:
             self._views = buffers.views()
             backend = ProcessBackend(ctx, buffers, self.autoreset_mode.value, self._spin_s)
             pool = WorkerPool(backend, self._factories, self._stats, self._on_worker_lost, self.step_timeout,
-                              self.max_restarts, self.restart_backoff)
+                              self.max_restarts, self.restart_backoff, *self._recycle)
             pool.on_restart = self._on_worker_restarted
             pool.restart_state = self._restart_state
             try:
@@ -456,7 +465,8 @@ class AsyncVecEnv:
         snap = self._stats.snapshot()
         snap.update(num_envs=self.num_envs, num_workers=self.num_workers, in_flight=self._in_flight, ready=len(self._ready),
                     restarts=self._pool.restarts if self._pool is not None else 0,
-                    moves=self._pool.moves if self._pool is not None else 0)
+                    moves=self._pool.moves if self._pool is not None else 0,
+                    recycled=self._pool.recycled if self._pool is not None else 0)
         return snap
 
     # -- internals ----------------------------------------------------------------------
