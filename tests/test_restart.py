@@ -1,0 +1,114 @@
+"""Restart policy and recycling on real processes: nothing lost, episodes end truncated, budgets hold."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import aiovec
+
+
+def fault_env(fault: str, at_step: int) -> gym.Env:
+    return gym.make("aiovec/Fault-v0", fault=fault, at_step=at_step)
+
+
+def healthy_env() -> gym.Env:
+    return gym.make("aiovec/Fault-v0", fault="raise", at_step=None)
+
+
+@pytest.mark.parametrize("fault", ["sigkill", "exit", "segfault"])
+def test_crashed_worker_is_replaced_and_episode_truncated(fault: str) -> None:
+    async def main() -> None:
+        fns = [functools.partial(fault_env, fault, 4)] + [healthy_env] * 3
+        async with aiovec.AsyncVecEnv(fns, num_workers=2, max_restarts=1, restart_backoff=0.0) as venv:
+            await venv.reset(seed=0)
+            pids = {w["pid"] for w in venv.stats()["workers"]}
+            for _ in range(3):
+                await venv.step(np.zeros(4, dtype=np.int64))
+            obs, rew, term, trunc, infos = await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 30)
+            # envs 0 and 1 shared the dead worker: their episodes end truncated, flagged
+            assert trunc.tolist() == [True, True, False, False]
+            assert not term.any() and rew[:2].tolist() == [0.0, 0.0]
+            assert infos["worker_restarted"][:2].all() and not infos["_worker_restarted"][2:].any()
+            # next step is the reset step of a fresh episode, then stepping continues
+            obs, rew, term, trunc, infos = await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 30)
+            assert not trunc[:2].any() and rew[:2].tolist() == [0.0, 0.0]
+            obs, rew, *_ = await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 30)
+            stats = venv.stats()
+            assert stats["restarts"] == 1 and venv.num_workers == 2
+            assert {w["pid"] for w in stats["workers"]} != pids
+            # the new worker's env faults again at its 4th step: budget exhausted -> typed error
+            with pytest.raises(aiovec.WorkerCrashedError) as info:
+                for _ in range(6):
+                    await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 30)
+            assert info.value.env_ids == (0, 1)
+
+    aiovec.run(main())
+
+
+def test_hung_env_is_killed_by_step_timeout_and_restarted() -> None:
+    async def main() -> None:
+        fns = [functools.partial(fault_env, "hang", 2), healthy_env]
+        async with aiovec.AsyncVecEnv(fns, num_workers=2, step_timeout=1.0, max_restarts=2, restart_backoff=0.0) as venv:
+            await venv.reset(seed=1)
+            await venv.step(np.zeros(2, dtype=np.int64))
+            _, _, _, trunc, infos = await asyncio.wait_for(venv.step(np.zeros(2, dtype=np.int64)), 30)
+            assert trunc.tolist() == [True, False] and infos["worker_restarted"][0]
+            await asyncio.wait_for(venv.step(np.zeros(2, dtype=np.int64)), 30)
+            assert venv.stats()["restarts"] == 1
+
+    aiovec.run(main())
+
+
+def test_first_finished_with_restarts_delivers_every_transition_once() -> None:
+    async def main() -> None:
+        fns = [functools.partial(fault_env, "sigkill", 7), healthy_env, healthy_env, healthy_env]
+        sent = np.zeros(4, dtype=int)
+        got = np.zeros(4, dtype=int)
+        async with aiovec.AsyncVecEnv(fns, num_workers=4, max_restarts=5, restart_backoff=0.0) as venv:
+            await venv.reset(seed=2)
+            venv.send(np.zeros(4, dtype=np.int64))
+            sent += 1
+            for _ in range(60):
+                r = await asyncio.wait_for(venv.recv(2), 30)
+                got[r.env_ids] += 1
+                venv.send(np.zeros(len(r.env_ids), dtype=np.int64), r.env_ids)
+                sent[r.env_ids] += 1
+            for r in await asyncio.wait_for(venv.drain(), 30):
+                got[r.env_ids] += 1
+            assert venv.stats()["restarts"] >= 1
+        assert (sent == got).all(), (sent, got)
+
+    aiovec.run(main())
+
+
+def test_recycling_replaces_workers_without_changing_trajectories() -> None:
+    async def run(**kw: int) -> tuple[list, dict]:
+        outs = []
+        async with aiovec.make("CartPole-v1", 4, num_workers=2, **kw) as venv:
+            await venv.reset(seed=5)
+            rng = np.random.default_rng(0)
+            for _ in range(1500):
+                outs.append(await venv.step(rng.integers(0, 2, 4)))
+            return outs, venv.stats()
+
+    async def main() -> None:
+        plain, _ = await run()
+        recycled, stats = await run(recycle_steps=800)
+        assert stats["recycled"] >= 1 and stats["moves"] >= 1
+        for a, b in zip(plain, recycled):
+            for x, y in zip(a[:4], b[:4]):
+                assert np.array_equal(x, y)
+
+    aiovec.run(main())
+
+
+def test_restart_options_are_validated() -> None:
+    with pytest.raises(aiovec.ConfigError):
+        aiovec.make("CartPole-v1", 2, max_restarts=-1)
+    with pytest.raises(aiovec.ConfigError):
+        aiovec.make("CartPole-v1", 2, recycle_steps=0)
