@@ -130,21 +130,35 @@ class FaultEnv(CostEnv):
     ``fault`` is one of ``raise`` (exception in ``step``), ``exit`` (``os._exit(3)``),
     ``sigkill`` (kills its own process), ``segfault`` (a real one, through ctypes) or
     ``hang`` (sleeps ``hang_s``). Use it to test your own pipeline's failure handling.
+    With ``tag`` set, ``obs[0]`` is the tag and ``obs[1]`` the step within the episode,
+    so a consumer can check that every transition is attributed to the right env.
     """
 
-    def __init__(self, fault: str = "raise", at_step: int | None = None, rate: float = 0.0, hang_s: float = 3600.0, **kwargs: Any) -> None:
+    def __init__(self, fault: str = "raise", at_step: int | None = None, rate: float = 0.0, hang_s: float = 3600.0,
+                 tag: float | None = None, **kwargs: Any) -> None:
         if fault not in FAULTS:
             raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
         kwargs.setdefault("obs_dim", 4)
         super().__init__(**kwargs)
         self.fault, self.at_step, self.rate, self.hang_s = fault, at_step, float(rate), float(hang_s)
+        self.tag = tag
         self._total = 0
+
+    def _tagged(self, obs: np.ndarray) -> np.ndarray:
+        if self.tag is not None:
+            obs[0], obs[1] = self.tag, self._t
+        return obs
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        obs, info = super().reset(seed=seed, options=options)
+        return self._tagged(obs), info
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         self._total += 1
         if (self.at_step is not None and self._total == self.at_step) or (self.rate > 0 and self.np_random.random() < self.rate):
             self.inject()
-        return super().step(action)
+        obs, reward, term, trunc, info = super().step(action)
+        return self._tagged(obs), reward, term, trunc, info
 
     def inject(self) -> None:
         if self.fault == "raise":

@@ -29,6 +29,36 @@ class Views:
     truncations: np.ndarray
 
 
+class _Raw:
+    """A lock-free shared array with the ``get_obj()`` that gymnasium's readers expect."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def get_obj(self) -> Any:
+        return self.obj
+
+    def __getstate__(self) -> Any:
+        return self.obj
+
+    def __setstate__(self, obj: Any) -> None:
+        self.obj = obj
+
+
+class _LockFree:
+    """A multiprocessing context whose ``Array`` has no lock: rows are owned by one writer
+    at a time (the parent for actions, the hosting worker for results), so a lock would
+    only cost a named semaphore per buffer."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+
+    def Array(self, typecode: Any, size: int) -> _Raw:  # noqa: N802 - mirrors multiprocessing
+        return _Raw(self._ctx.RawArray(typecode, size))
+
+
 class SharedBuffers:
     """The shared memory of one vector env; picklable only while starting a worker."""
 
@@ -36,11 +66,12 @@ class SharedBuffers:
         self.obs_space = obs_space
         self.action_space = action_space
         self.num_envs = num_envs
-        self._obs = create_shared_memory(obs_space, num_envs, ctx)
-        self._actions = create_shared_memory(action_space, num_envs, ctx)
-        self._rewards = ctx.Array("d", num_envs)
-        self._terminations = ctx.Array(c_bool, num_envs)
-        self._truncations = ctx.Array(c_bool, num_envs)
+        raw = _LockFree(ctx)
+        self._obs = create_shared_memory(obs_space, num_envs, raw)
+        self._actions = create_shared_memory(action_space, num_envs, raw)
+        self._rewards = raw.Array("d", num_envs)
+        self._terminations = raw.Array(c_bool, num_envs)
+        self._truncations = raw.Array(c_bool, num_envs)
 
     def views(self) -> Views:
         n = self.num_envs
