@@ -19,7 +19,7 @@ from typing import Any
 
 from . import protocol as P
 from .backends.base import Backend, WorkerHandle
-from .errors import EnvError, WorkerCrashedError
+from .errors import EnvError, WorkerCrashedError, describe_exit
 from .stats import Stats
 
 ReplyHandler = Callable[[int, tuple[Any, ...] | None, BaseException | None], None]
@@ -77,6 +77,7 @@ class WorkerPool:
         self.on_restart: Callable[[WorkerCrashedError], None] | None = None  # set by the vector env
         self.restart_state: Callable[[int], dict | None] = lambda env_id: None
         self.closing = False
+        self.started = False
         # Recycling: replace a worker after so many steps or above an RSS limit (leaky envs).
         self.recycle_steps = recycle_steps
         self.recycle_rss_mb = recycle_rss_mb
@@ -107,6 +108,7 @@ class WorkerPool:
             for env_id in shard:
                 waits.append(self._add_env(wid, env_id, None))
         await self._gather(waits)
+        self.started = True  # from now on a death may be survived (restarts)
 
     def _spawn(self) -> int:
         wid = self._next_id
@@ -388,6 +390,10 @@ class WorkerPool:
         if wid in self._timed_out:
             self._timed_out.discard(wid)
             cause = f"killed after a step exceeded step_timeout={self.step_timeout}s"
+        if not self.started and cause is None:
+            cause = (f"{describe_exit(exitcode)} while starting; see its output above. If your script creates the "
+                     "vector env at import time, put that under `if __name__ == '__main__':` (workers import "
+                     "the main module under the forkserver and spawn start methods)")
         err = WorkerCrashedError(wid, env_ids, exitcode, tb, cause)
         self.stats.retire(wid)
         pending, w.pending = list(w.pending), deque()
@@ -399,7 +405,7 @@ class WorkerPool:
         for env in [e for e, (dest, _) in self._moving.items() if dest == wid]:
             self._moving[env] = (-1, self._moving[env][1])  # was moving into the dead worker
             env_ids.append(env)
-        if self.restarts_left > 0 and env_ids and not self.closing and self.on_restart is not None:
+        if self.restarts_left > 0 and env_ids and self.started and not self.closing and self.on_restart is not None:
             self.restarts_left -= 1
             self.restarts += 1
             now = time.perf_counter()
@@ -424,7 +430,8 @@ class WorkerPool:
         wid = self._spawn()
         for env in env_ids:
             _, deferred = self._moving.pop(env, (-1, []))
-            self._add_env(wid, env, self.restart_state(env))
+            fut = self._add_env(wid, env, self.restart_state(env))
+            fut.add_done_callback(lambda f, env=env, wid=wid: self._moved_in(env, wid, f))
             for build, handler in deferred:
                 self._send(wid, build([env]), handler)
         if self._targets or self._retiring:
