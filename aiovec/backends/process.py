@@ -15,6 +15,7 @@ import asyncio
 import multiprocessing as mp
 import os
 import signal
+import struct
 import threading
 import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -25,6 +26,7 @@ from .. import worker as worker_side
 from ..shm import SharedBuffers
 from .base import Backend, ExitCallback, ReplyCallback, WorkerHandle
 
+_HEADER = struct.Struct("!i")  # multiprocessing.Connection's frame header
 _live: weakref.WeakSet[ProcessWorker] = weakref.WeakSet()
 
 
@@ -84,27 +86,72 @@ class ProcessWorker(WorkerHandle):
         self._process = next(iter(self._executor._processes.values()))  # type: ignore[attr-defined]
         self.pid = self._process.pid
         self._fd = parent_conn.fileno()
+        os.set_blocking(self._fd, False)
+        self._rbuf = b""
+        self._wbuf = bytearray()
         self._loop.add_reader(self._fd, self._on_readable)
         self._serve.add_done_callback(self._serve_done_threadsafe)
         _live.add(self)
 
     # -- hot path -----------------------------------------------------------------------
+    # Frames are multiprocessing's (a 4-byte big-endian length, then the payload), so the
+    # worker side keeps plain Connection.recv_bytes/send_bytes. The parent's end is
+    # non-blocking: a write never stalls the loop (leftovers wait for add_writer) and one
+    # read may carry several replies.
     def send(self, msg: tuple[Any, ...]) -> None:
+        if self._exited:
+            return
+        payload = P.encode(msg)
+        frame = _HEADER.pack(len(payload)) + payload
+        if self._wbuf:
+            self._wbuf += frame
+            return
         try:
-            self._conn.send_bytes(P.encode(msg))
+            n = os.write(self._fd, frame)
+        except BlockingIOError:
+            n = 0
         except OSError:
-            pass  # the worker is gone; its exit is reported through on_exit
+            return  # the worker is gone; its exit is reported through on_exit
+        if n < len(frame):
+            self._wbuf = bytearray(frame[n:])
+            self._loop.add_writer(self._fd, self._flush)
+
+    def _flush(self) -> None:
+        try:
+            n = os.write(self._fd, self._wbuf)
+        except BlockingIOError:
+            return
+        except OSError:
+            n = len(self._wbuf)
+        del self._wbuf[:n]
+        if not self._wbuf:
+            self._loop.remove_writer(self._fd)
 
     def _on_readable(self) -> None:
         try:
-            data = self._conn.recv_bytes()
-        except (EOFError, OSError):
+            data = os.read(self._fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
             self._loop.remove_reader(self._fd)
             if not self._closing:
                 # Died (or is dying): the executor reports how, via the serve future.
                 self._loop.call_later(2.0, self._force_exit_report)
             return
-        self._on_reply(P.decode(data))
+        buf = self._rbuf + data if self._rbuf else data
+        pos, end = 0, len(buf)
+        while end - pos >= 4:
+            size = _HEADER.unpack_from(buf, pos)[0]
+            if end - pos - 4 < size:
+                break
+            reply = P.decode(buf[pos + 4 : pos + 4 + size])
+            pos += 4 + size
+            self._on_reply(reply)
+            if self._exited:
+                return
+        self._rbuf = buf[pos:] if pos < end else b""
 
     # -- lifetime -----------------------------------------------------------------------
     @property
@@ -140,6 +187,8 @@ class ProcessWorker(WorkerHandle):
         self._exited = True
         try:
             self._loop.remove_reader(self._fd)
+            if self._wbuf:
+                self._loop.remove_writer(self._fd)
         except Exception:
             pass
         self._conn.close()
