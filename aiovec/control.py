@@ -41,7 +41,7 @@ class ControlLoop:
         self.history: list[dict[str, Any]] = []
         self.cost_s = 0.0  # CPU the loop itself used
         self._rng = random.Random(seed)
-        self._cpus = float(available_cpus())
+        self._cpus = venv._pool.backend.cpus() if venv._pool is not None else float(available_cpus())
 
     def _sample(self) -> _Sample:
         stats = self.venv._stats

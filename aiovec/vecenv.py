@@ -25,6 +25,7 @@ from gymnasium.vector.utils import batch_space
 
 from . import protocol as P
 from .autoconf import SPIN_S, plan_workers, probe_step_cost, spin_for
+from .backends.base import Backend
 from .backends.process import ProcessBackend, get_context
 from .control import ControlLoop
 from .controller import AdaptiveController, Controller
@@ -81,6 +82,11 @@ class AsyncVecEnv:
         recycle_steps / recycle_rss_mb: replace a worker after that many env steps, or when its
             resident memory exceeds that many MiB (leaky envs); envs move at episode boundaries,
             so the caller sees nothing but ``stats()["recycled"]``.
+        backend: ``"process"`` (default: worker processes on this machine) or ``"ray"``
+            (workers are Ray actors; ``pip install 'aiovec[ray]'``). With ``"ray"``,
+            ``ray_address`` names an existing cluster (default: a local Ray started for
+            this vector env and shut down with it, unless Ray is already initialised) and
+            ``ray_options`` pass through to the actors' ``.options()`` (``num_cpus``, resources).
         spin: let idle workers poll briefly for the next command instead of sleeping at once
             (``"auto"``: only when the workers leave the parent a CPU of its own).
     """
@@ -101,6 +107,9 @@ class AsyncVecEnv:
         restart_backoff: float = 0.1,
         recycle_steps: int | None = None,
         recycle_rss_mb: float | None = None,
+        backend: str = "process",
+        ray_address: str | None = None,
+        ray_options: dict[str, Any] | None = None,
     ) -> None:
         env_fns = list(env_fns)
         if not env_fns:
@@ -126,6 +135,10 @@ class AsyncVecEnv:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
                 raise ConfigError(f"{name} must be a positive number or None, got {value!r}")
         self._recycle = (recycle_steps, recycle_rss_mb)
+        if backend not in ("process", "ray"):
+            raise ConfigError(f"backend must be 'process' or 'ray', got {backend!r}")
+        self.backend = backend
+        self._ray = (ray_address, ray_options)
         self.max_restarts = max_restarts
         self.restart_backoff = float(restart_backoff)
         if spin not in ("auto", True, False):
@@ -204,10 +217,7 @@ class AsyncVecEnv:
         loop = asyncio.get_running_loop()
         self._starting = loop.create_future()
         try:
-            ctx = get_context(self._context_name)
-            buffers = SharedBuffers(ctx, self.single_observation_space, self.single_action_space, self.num_envs)
-            self._views = buffers.views()
-            backend = ProcessBackend(ctx, buffers, self.autoreset_mode.value, self._spin_s)
+            backend = self._make_backend()
             pool = WorkerPool(backend, self._factories, self._stats, self._on_worker_lost, self.step_timeout,
                               self.max_restarts, self.restart_backoff, *self._recycle)
             pool.on_restart = self._on_worker_restarted
@@ -223,6 +233,7 @@ class AsyncVecEnv:
                 raise ClosedError("the vector env was closed while starting")
             pool.movable = self._movable
             self._pool = pool
+            self._stats.t0 = time.perf_counter()  # rates count from here, not from start-up
             if self.controller is not None:
                 self._control = ControlLoop(self, self.controller)
                 self._control_task = loop.create_task(self._control.run())
@@ -232,6 +243,19 @@ class AsyncVecEnv:
             self._starting.exception()  # mark retrieved
             self._starting = None
             raise
+
+    def _make_backend(self) -> Backend:
+        if self.backend == "ray":
+            from .backends.ray import RayBackend
+
+            rb = RayBackend(self.single_observation_space, self.single_action_space, self.num_envs,
+                            self.autoreset_mode.value, *self._ray)
+            self._views = rb.views
+            return rb
+        ctx = get_context(self._context_name)
+        buffers = SharedBuffers(ctx, self.single_observation_space, self.single_action_space, self.num_envs)
+        self._views = buffers.views()
+        return ProcessBackend(ctx, buffers, self.autoreset_mode.value, self._spin_s)
 
     async def close(self) -> None:
         """Stop every worker (grace period ``close_timeout``, then kill). Idempotent; never hangs."""

@@ -52,5 +52,11 @@ class Backend(ABC):
     def start_worker(self, worker_id: int, on_reply: ReplyCallback, on_exit: ExitCallback) -> WorkerHandle:
         """Start a worker (it sends a READY reply when it can take commands)."""
 
+    def cpus(self) -> float:
+        """CPUs the workers can use (the controller's C)."""
+        from ..machine import available_cpus
+
+        return float(available_cpus())
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the backend itself holds (after every worker stopped)."""

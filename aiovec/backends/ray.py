@@ -1,0 +1,178 @@
+"""Workers as Ray actors, behind the same protocol (imported only for ``backend="ray"``).
+
+Each actor hosts a shard of envs in an :class:`~aiovec.worker.EnvHost` with buffers
+of its own; there is no shared memory across nodes, so a STEP command carries its
+action rows and the reply carries the result rows, which this backend copies into
+the parent's buffers before the pool sees the reply. Calls are awaited through
+Ray's object-ref futures on the event loop (never blocking it), and several may be
+in flight per actor; replies are delivered in submission order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+import numpy as np
+from gymnasium.vector.utils import create_empty_array
+
+from .. import protocol as P
+from ..shm import Views
+from ..spaces import put_rows, take
+from .base import Backend, ExitCallback, ReplyCallback, WorkerHandle
+
+try:
+    import ray
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("backend='ray' needs Ray: pip install 'aiovec[ray]'") from exc
+
+
+def local_views(obs_space: Any, action_space: Any, n: int) -> Views:
+    return Views(
+        obs=create_empty_array(obs_space, n, fn=np.zeros),
+        actions=create_empty_array(action_space, n, fn=np.zeros),
+        rewards=np.zeros(n, dtype=np.float64),
+        terminations=np.zeros(n, dtype=np.bool_),
+        truncations=np.zeros(n, dtype=np.bool_),
+    )
+
+
+class _Actor:
+    """Runs inside a Ray worker process."""
+
+    def __init__(self, obs_space: Any, action_space: Any, num_envs: int, autoreset_mode: str) -> None:
+        from gymnasium.vector import AutoresetMode
+
+        from .. import envs as _envs  # noqa: F401  (registers aiovec/* ids on this node)
+        from ..worker import EnvHost
+
+        self.views = local_views(obs_space, action_space, num_envs)
+        self.host = EnvHost(self.views, AutoresetMode(autoreset_mode), obs_space, action_space)
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def handle(self, msg: tuple, actions: Any) -> tuple[tuple, Any]:
+        if actions is not None:
+            put_rows(self.views.actions, list(msg[1]), actions)
+        reply = self.host.handle(msg)
+        if msg[0] in (P.STEP, P.RESET):
+            v, rows = self.views, list(reply[1])
+            return reply, (take(v.obs, rows), v.rewards[rows], v.terminations[rows], v.truncations[rows])
+        return reply, None
+
+
+class RayWorker(WorkerHandle):
+    def __init__(self, worker_id: int, backend: RayBackend, on_reply: ReplyCallback, on_exit: ExitCallback) -> None:
+        self.worker_id = worker_id
+        self._b = backend
+        self._loop = asyncio.get_running_loop()
+        self._on_reply = on_reply
+        self._on_exit = on_exit
+        self._inflight: deque[list] = deque()  # [future, done, result]
+        self._exited = False
+        self._closing = False
+        self.pid: int | None = None
+        self.actor = backend.actor_cls.options(**backend.actor_options).remote(
+            backend.obs_space, backend.action_space, backend.num_envs, backend.autoreset_mode
+        )
+        self._track(self.actor.pid.remote(), ready=True)
+
+    @property
+    def alive(self) -> bool:
+        return not self._exited
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        if self._exited:
+            return
+        actions = None
+        if msg[0] == P.STEP:
+            actions = take(self._b.views.actions, list(msg[1]))
+        self._track(self.actor.handle.remote(msg, actions))
+
+    def _track(self, ref: Any, ready: bool = False) -> None:
+        entry: list = [ready, False, None]
+        self._inflight.append(entry)
+        fut = ref.future()
+        fut.add_done_callback(lambda f: self._loop.call_soon_threadsafe(self._done, entry, f))
+
+    def _done(self, entry: list, fut: Any) -> None:
+        entry[1], entry[2] = True, fut
+        while self._inflight and self._inflight[0][1] and not self._exited:
+            is_ready, _, f = self._inflight.popleft()
+            try:
+                result = f.result()
+            except Exception as exc:
+                self._die(exc)
+                return
+            if is_ready:
+                self.pid = result
+                self._on_reply((P.READY, (), result, None, (0.0, 0.0, 0.0)))
+                continue
+            reply, arrays = result
+            if arrays is not None:
+                v, rows = self._b.views, list(reply[1])
+                put_rows(v.obs, rows, arrays[0])
+                v.rewards[rows], v.terminations[rows], v.truncations[rows] = arrays[1], arrays[2], arrays[3]
+            self._on_reply(reply)
+
+    def _die(self, exc: BaseException) -> None:
+        if self._exited:
+            return
+        self._exited = True
+        self._inflight.clear()
+        if not self._closing:
+            self._on_exit(None, f"{type(exc).__name__}: {exc}")
+
+    def kill(self) -> None:
+        try:
+            ray.kill(self.actor, no_restart=True)
+        except Exception:
+            pass
+
+    async def stop(self, grace: float) -> None:
+        self._closing = True
+        deadline = self._loop.time() + grace
+        while self._inflight and self._loop.time() < deadline and not self._exited:
+            await asyncio.sleep(0.01)
+        self._exited = True
+        self.kill()
+
+
+class RayBackend(Backend):
+    """``backend="ray"``: workers are Ray actors; ``ray_options`` pass through to ``.options()``."""
+
+    name = "ray"
+
+    def __init__(self, obs_space: Any, action_space: Any, num_envs: int, autoreset_mode: str,
+                 address: str | None = None, actor_options: dict | None = None) -> None:
+        self.obs_space, self.action_space, self.num_envs = obs_space, action_space, num_envs
+        self.autoreset_mode = autoreset_mode
+        self.started_ray = False
+        if not ray.is_initialized():
+            import aiovec
+
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"py_modules": [aiovec]} if address else None)
+            self.started_ray = True
+        # A token CPU share by default so more actors than CPUs can run (waiting envs), spread
+        # over nodes; pass ray_options={"num_cpus": 1, ...} to reserve whole CPUs.
+        self.actor_options = {"num_cpus": 0.01, "max_restarts": 0, "scheduling_strategy": "SPREAD", **(actor_options or {})}
+        self.actor_cls = ray.remote(_Actor)
+        self.views = local_views(obs_space, action_space, num_envs)
+
+    def start_worker(self, worker_id: int, on_reply: ReplyCallback, on_exit: ExitCallback) -> WorkerHandle:
+        return RayWorker(worker_id, self, on_reply, on_exit)
+
+    def cpus(self) -> float:
+        try:
+            return float(ray.cluster_resources().get("CPU", 1.0))
+        except Exception:
+            return 1.0
+
+    def close(self) -> None:
+        if self.started_ray and ray.is_initialized():
+            ray.shutdown()

@@ -1,0 +1,90 @@
+"""The Ray backend on a local Ray instance started by the tests: same API, same trajectories."""
+
+from __future__ import annotations
+
+import asyncio
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import aiovec
+
+ray = pytest.importorskip("ray", reason="the Ray backend needs the 'ray' extra (CI installs it)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def lockstep(backend: str, env_id: str, n: int, workers: int, mode: gym.vector.AutoresetMode, steps: int, resize_at=None) -> list:
+    async def main() -> list:
+        out = []
+        async with aiovec.make(env_id, n, num_workers=workers, backend=backend, autoreset_mode=mode) as venv:
+            out.append(await venv.reset(seed=11))
+            space = gym.vector.utils.batch_space(venv.single_action_space, n)
+            space.seed(3)
+            for t in range(steps):
+                if resize_at and t in resize_at:
+                    await venv.resize(resize_at[t])
+                out.append(await asyncio.wait_for(venv.step(space.sample()), 60))
+        return out
+
+    return aiovec.run(main())
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("mode", [gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP])
+def test_ray_matches_process_backend_and_gymnasium(env_id: str, mode: gym.vector.AutoresetMode) -> None:
+    ray_out = lockstep("ray", env_id, 3, 2, mode, 120, resize_at={40: 3, 80: 1})
+    proc_out = lockstep("process", env_id, 3, 2, mode, 120)
+    sync = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * 3, autoreset_mode=mode)
+    ref = [sync.reset(seed=11)]
+    space = gym.vector.utils.batch_space(sync.single_action_space, 3)
+    space.seed(3)
+    ref += [sync.step(space.sample()) for _ in range(120)]
+    for a, b, c in zip(ray_out, proc_out, ref):
+        for x, y, z in zip(a[:-1], b[:-1], c[:-1]):
+            np.testing.assert_allclose(x, y)
+            np.testing.assert_allclose(x, z)
+
+
+def test_ray_first_finished_subsets_and_attributes() -> None:
+    async def main() -> None:
+        async with aiovec.make("aiovec/Sleep-v0", 4, num_workers=2, backend="ray", wait_ms=1.0) as venv:
+            await venv.reset(seed=0)
+            venv.send(np.zeros(2, dtype=np.int64), [1, 3])
+            r = await asyncio.wait_for(venv.recv(2), 60)
+            assert sorted(r.env_ids.tolist()) == [1, 3] and r.obs.shape == (2, 64)
+            assert await venv.get_attr("wait_ms", env_ids=[2]) == (1.0,)
+            await venv.set_attr("wait_ms", [2.0, 3.0], env_ids=[0, 1])
+            assert await venv.get_attr("wait_ms") == (2.0, 3.0, 1.0, 1.0)
+            assert venv.stats()["steps"] == 2
+
+    aiovec.run(main())
+
+
+def test_ray_actor_death_is_a_typed_error_or_a_restart() -> None:
+    async def main() -> None:
+        async with aiovec.make("CartPole-v1", 4, num_workers=2, backend="ray", max_restarts=1, restart_backoff=0.0) as venv:
+            await venv.reset(seed=0)
+            await venv.step(np.zeros(4, dtype=np.int64))
+            ray.kill(venv._pool.workers[0].handle.actor)
+            _, _, _, trunc, infos = await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 60)
+            assert trunc[:2].all() and infos["worker_restarted"][:2].all()
+            await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 60)
+            ray.kill(next(iter(venv._pool.workers.values())).handle.actor)
+            with pytest.raises(aiovec.WorkerCrashedError) as info:
+                for _ in range(3):
+                    await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 60)
+            assert "RayActorError" in str(info.value) or "Actor" in str(info.value)
+
+    aiovec.run(main())
+
+
+def test_unknown_backend_is_rejected() -> None:
+    with pytest.raises(aiovec.ConfigError):
+        aiovec.make("CartPole-v1", 2, backend="dask")
