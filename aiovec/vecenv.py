@@ -400,6 +400,7 @@ class AsyncVecEnv:
 
     async def drain(self, timeout: float | None = None) -> list[StepResult]:
         """Receive everything outstanding (e.g. before a full reset in async mode)."""
+        self._check_started()
         out = []
         while self._in_flight or self._ready:
             out.append(await self.recv(self._in_flight + len(self._ready), timeout))

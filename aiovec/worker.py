@@ -249,10 +249,29 @@ def _die_with_parent() -> None:
         pass
 
 
+def _release_forkserver() -> None:
+    """Drop the fork server's "alive" fd that every forkserver child inherits.
+
+    While any child holds it, the fork server outlives a SIGKILLed parent, and so the
+    parent-death signal (armed against the fork server, our parent) never fires: a worker
+    busy in a long or hung step would then outlive the parent.
+    """
+    try:
+        from multiprocessing import forkserver
+
+        fd = forkserver._forkserver._forkserver_alive_fd
+        if fd is not None:
+            os.close(fd)
+            forkserver._forkserver._forkserver_alive_fd = None
+    except (AttributeError, OSError):
+        pass
+
+
 def initialize(conn: Any, buffers: Any) -> None:
     """``ProcessPoolExecutor`` initializer: keeps the pipe and the shared buffers."""
     global _conn, _buffers
     _conn, _buffers = conn, buffers
+    _release_forkserver()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _die_with_parent()
     if os.getppid() == 1:  # parent already gone before PDEATHSIG was armed

@@ -90,7 +90,10 @@ class ProcessWorker(WorkerHandle):
         self._rbuf = b""
         self._wbuf = bytearray()
         self._loop.add_reader(self._fd, self._on_readable)
-        self._serve.add_done_callback(self._serve_done_threadsafe)
+        # Weakly: the executor's thread holds this callback, and must not keep the whole
+        # vector env alive (an env nobody closed is cleaned up when it is garbage-collected).
+        ref = weakref.ref(self)
+        self._serve.add_done_callback(lambda fut: (w := ref()) is not None and w._serve_done_threadsafe(fut))
         _live.add(self)
 
     # -- hot path -----------------------------------------------------------------------
