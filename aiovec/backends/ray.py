@@ -55,6 +55,10 @@ class _Actor:
 
         return os.getpid()
 
+    def node_id(self) -> str:
+        """The Ray node this actor runs on (for placement checks and stats)."""
+        return ray.get_runtime_context().get_node_id()
+
     def handle(self, msg: tuple, actions: Any) -> tuple[tuple, Any]:
         if actions is not None:
             put_rows(self.views.actions, list(msg[1]), actions)
