@@ -87,6 +87,9 @@ class AsyncVecEnv:
             ``ray_address`` names an existing cluster (default: a local Ray started for
             this vector env and shut down with it, unless Ray is already initialised) and
             ``ray_options`` pass through to the actors' ``.options()`` (``num_cpus``, resources).
+        env_threads: threads per worker that step a command's envs concurrently; worth it for
+            envs that wait with the GIL released (I/O, sleeps, C simulators), useless for
+            pure-Python CPU-bound ones.
         spin: let idle workers poll briefly for the next command instead of sleeping at once
             (``"auto"``: only when the workers leave the parent a CPU of its own).
     """
@@ -110,6 +113,7 @@ class AsyncVecEnv:
         backend: str = "process",
         ray_address: str | None = None,
         ray_options: dict[str, Any] | None = None,
+        env_threads: int = 1,
     ) -> None:
         env_fns = list(env_fns)
         if not env_fns:
@@ -138,6 +142,7 @@ class AsyncVecEnv:
         if backend not in ("process", "ray"):
             raise ConfigError(f"backend must be 'process' or 'ray', got {backend!r}")
         self.backend = backend
+        self.env_threads = _positive_int(env_threads, "env_threads")
         self._ray = (ray_address, ray_options)
         self.max_restarts = max_restarts
         self.restart_backoff = float(restart_backoff)
@@ -249,13 +254,13 @@ class AsyncVecEnv:
             from .backends.ray import RayBackend
 
             rb = RayBackend(self.single_observation_space, self.single_action_space, self.num_envs,
-                            self.autoreset_mode.value, *self._ray)
+                            self.autoreset_mode.value, *self._ray, env_threads=self.env_threads)
             self._views = rb.views
             return rb
         ctx = get_context(self._context_name)
         buffers = SharedBuffers(ctx, self.single_observation_space, self.single_action_space, self.num_envs)
         self._views = buffers.views()
-        return ProcessBackend(ctx, buffers, self.autoreset_mode.value, self._spin_s)
+        return ProcessBackend(ctx, buffers, self.autoreset_mode.value, self._spin_s, self.env_threads)
 
     async def close(self) -> None:
         """Stop every worker (grace period ``close_timeout``, then kill). Idempotent; never hangs."""

@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import cloudpickle
@@ -83,18 +84,22 @@ class _Slot:
 class EnvHost:
     """Hosts envs by global env id and executes commands on them."""
 
-    def __init__(self, views: Any, autoreset_mode: AutoresetMode, obs_space: Any, action_space: Any) -> None:
+    def __init__(self, views: Any, autoreset_mode: AutoresetMode, obs_space: Any, action_space: Any, env_threads: int = 1) -> None:
         self.views = views
         self.mode = autoreset_mode
         self.obs_space = obs_space
         self.action_space = action_space
         self.slots: dict[int, _Slot] = {}
         self._runq = _RunQueueClock()
+        # env_threads > 1: step a command's envs concurrently (for envs that wait with the GIL
+        # released: simulators over sockets, sleeps). CPU is then counted for the whole process.
+        self._threads = ThreadPoolExecutor(env_threads, thread_name_prefix="aiovec-env") if env_threads > 1 else None
+        self._cpu_clock = time.process_time if self._threads is not None else time.thread_time
 
     # -- commands -------------------------------------------------------------------
     def handle(self, msg: tuple[Any, ...]) -> tuple[Any, ...]:
         op = msg[0]
-        c0, w0, r0 = time.thread_time(), time.perf_counter(), self._runq()
+        c0, w0, r0 = self._cpu_clock(), time.perf_counter(), self._runq()
         errors: list[tuple[int, str, str, str]] = []
         if op == P.STEP:
             ids, payload = msg[1], self._step(msg[1], errors)
@@ -110,41 +115,49 @@ class EnvHost:
             ids, payload = tuple(self.slots), self.close()
         else:
             raise ValueError(f"unknown command {op!r}")
-        timing = (time.thread_time() - c0, time.perf_counter() - w0, self._runq() - r0)
+        timing = (self._cpu_clock() - c0, time.perf_counter() - w0, self._runq() - r0)
         return (op, ids, payload, errors or None, timing)
 
     def _step(self, ids: tuple[int, ...], errors: list) -> list | None:
-        v = self.views
+        if self._threads is not None and len(ids) > 1:
+            results = list(self._threads.map(self._step_one, ids))
+        else:
+            results = [self._step_one(i) for i in ids]
         infos: list | None = None
-        for k, i in enumerate(ids):
-            slot = self.slots[i]
-            try:
-                if slot.needs_reset:
-                    obs, info = slot.reset()
-                    reward, term, trunc = 0.0, False, False
-                else:
-                    obs, reward, term, trunc, info = slot.env.step(get_row(v.actions, i))
-                    slot.steps = (slot.steps or 0) + 1
-                    slot.done = bool(term or trunc)
-                    if slot.done:
-                        if self.mode == AutoresetMode.SAME_STEP:
-                            final = {"final_obs": obs, "final_info": info}
-                            obs, info = slot.reset()
-                            info = {**final, **info}
-                        elif self.mode == AutoresetMode.NEXT_STEP:
-                            slot.needs_reset = True
-                put_row(v.obs, i, obs)
-            except Exception as exc:
-                errors.append(_describe(i, exc))
-                continue
-            v.rewards[i] = reward
-            v.terminations[i] = term
-            v.truncations[i] = trunc
-            if info:
+        for k, (info, err) in enumerate(results):
+            if err is not None:
+                errors.append(err)
+            elif info:
                 if infos is None:
                     infos = [None] * len(ids)
                 infos[k] = info
         return infos
+
+    def _step_one(self, i: int) -> tuple[dict | None, tuple | None]:
+        """Step (or autoreset) env ``i`` and write its row; rows are disjoint, so threads may share this."""
+        v, slot = self.views, self.slots[i]
+        try:
+            if slot.needs_reset:
+                obs, info = slot.reset()
+                reward, term, trunc = 0.0, False, False
+            else:
+                obs, reward, term, trunc, info = slot.env.step(get_row(v.actions, i))
+                slot.steps = (slot.steps or 0) + 1
+                slot.done = bool(term or trunc)
+                if slot.done:
+                    if self.mode == AutoresetMode.SAME_STEP:
+                        final = {"final_obs": obs, "final_info": info}
+                        obs, info = slot.reset()
+                        info = {**final, **info}
+                    elif self.mode == AutoresetMode.NEXT_STEP:
+                        slot.needs_reset = True
+            put_row(v.obs, i, obs)
+        except Exception as exc:
+            return None, _describe(i, exc)
+        v.rewards[i] = reward
+        v.terminations[i] = term
+        v.truncations[i] = trunc
+        return info, None
 
     def _reset(self, ids: tuple[int, ...], seeds: list, options: dict | None, errors: list) -> list | None:
         v = self.views
@@ -278,7 +291,7 @@ def initialize(conn: Any, buffers: Any) -> None:
         os._exit(0)
 
 
-def serve(autoreset_mode: str, spin_s: float = 0.0) -> None:
+def serve(autoreset_mode: str, spin_s: float = 0.0, env_threads: int = 1) -> None:
     """The worker's whole life: answer commands until CLOSE; exit at once when the parent goes.
 
     ``spin_s`` > 0: after each reply, poll for the next command for that long before
@@ -286,7 +299,7 @@ def serve(autoreset_mode: str, spin_s: float = 0.0) -> None:
     env step; the parent only asks for a spin when there is a spare core for it.
     """
     conn = _conn
-    host = EnvHost(_buffers.views(), AutoresetMode(autoreset_mode), _buffers.obs_space, _buffers.action_space)
+    host = EnvHost(_buffers.views(), AutoresetMode(autoreset_mode), _buffers.obs_space, _buffers.action_space, env_threads)
     recv, send, poll = conn.recv_bytes, conn.send_bytes, conn.poll
     clock = time.perf_counter
     send(P.encode((P.READY, (), os.getpid(), None, (0.0, 0.0, 0.0))))

@@ -66,7 +66,7 @@ def get_context(name: str | None) -> Any:
 class ProcessWorker(WorkerHandle):
     """A worker process; see the module docstring."""
 
-    def __init__(self, worker_id: int, ctx: Any, buffers: SharedBuffers, autoreset_mode: str, spin_s: float,
+    def __init__(self, worker_id: int, ctx: Any, buffers: SharedBuffers, autoreset_mode: str, spin_s: float, env_threads: int,
                  on_reply: ReplyCallback, on_exit: ExitCallback) -> None:
         self.worker_id = worker_id
         self._loop = asyncio.get_running_loop()
@@ -81,7 +81,7 @@ class ProcessWorker(WorkerHandle):
         self._executor = ProcessPoolExecutor(
             max_workers=1, mp_context=ctx, initializer=worker_side.initialize, initargs=(child_conn, buffers)
         )
-        self._serve: Future = self._executor.submit(worker_side.serve, autoreset_mode, spin_s)
+        self._serve: Future = self._executor.submit(worker_side.serve, autoreset_mode, spin_s, env_threads)
         child_conn.close()  # the worker holds its own copy now; EOF then means "worker gone"
         self._process = next(iter(self._executor._processes.values()))  # type: ignore[attr-defined]
         self.pid = self._process.pid
@@ -255,11 +255,12 @@ class ProcessBackend(Backend):
 
     name = "process"
 
-    def __init__(self, ctx: Any, buffers: SharedBuffers, autoreset_mode: str, spin_s: float = 0.0) -> None:
+    def __init__(self, ctx: Any, buffers: SharedBuffers, autoreset_mode: str, spin_s: float = 0.0, env_threads: int = 1) -> None:
+        self.env_threads = env_threads
         self.ctx = ctx
         self.buffers = buffers
         self.autoreset_mode = autoreset_mode
         self.spin_s = spin_s  # applies to workers started from now on
 
     def start_worker(self, worker_id: int, on_reply: ReplyCallback, on_exit: ExitCallback) -> WorkerHandle:
-        return ProcessWorker(worker_id, self.ctx, self.buffers, self.autoreset_mode, self.spin_s, on_reply, on_exit)
+        return ProcessWorker(worker_id, self.ctx, self.buffers, self.autoreset_mode, self.spin_s, self.env_threads, on_reply, on_exit)
