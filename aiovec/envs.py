@@ -35,9 +35,11 @@ class CostEnv(gym.Env):
     of the first observation, so learning is possible, if not interesting.
     """
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 30}
 
-    def __init__(self, cpu_ms: float = 0.0, wait_ms: float = 0.0, obs_dim: int = 64, episode_len: int = 200) -> None:
+    def __init__(self, cpu_ms: float = 0.0, wait_ms: float = 0.0, obs_dim: int = 64, episode_len: int = 200,
+                 render_mode: str | None = None) -> None:
+        self.render_mode = render_mode
         self.cpu_ms = float(cpu_ms)
         self.wait_ms = float(wait_ms)
         self.episode_len = int(episode_len)
@@ -45,6 +47,16 @@ class CostEnv(gym.Env):
         self.action_space = spaces.Discrete(2)
         self._t = 0
         self._obs = np.zeros(obs_dim, np.float32)
+
+    def render(self) -> np.ndarray | None:
+        """``rgb_array``: the observation as a small grey image (no pygame needed)."""
+        if self.render_mode != "rgb_array":
+            return None
+        grey = (np.clip(self._obs[:64], -3, 3) * 42 + 127).astype(np.uint8)
+        side = int(np.ceil(np.sqrt(grey.size)))
+        img = np.zeros(side * side, np.uint8)
+        img[: grey.size] = grey
+        return np.repeat(img.reshape(side, side, 1), 3, axis=2)
 
     def step_cost(self) -> tuple[float, float]:
         """(cpu_ms, wait_ms) for the next step."""

@@ -1,0 +1,134 @@
+"""aiovec.VectorEnv: a drop-in synchronous gymnasium VectorEnv, identical to SyncVectorEnv."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import aiovec
+
+ENVS = ["CartPole-v1", "Pendulum-v1", "FrozenLake-v1"]  # discrete/continuous actions, Box/Discrete obs
+
+
+def _compare(env_id: str, mode: AutoresetMode, steps: int = 150, n: int = 3) -> None:
+    ours = aiovec.make_vec(env_id, n, num_workers=2, autoreset_mode=mode)
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * n, autoreset_mode=mode)
+    try:
+        o1, i1 = ours.reset(seed=4)
+        o2, i2 = ref.reset(seed=4)
+        np.testing.assert_array_equal(o1, o2)
+        ref.action_space.seed(1)
+        for _ in range(steps):
+            a = ref.action_space.sample()
+            r1, r2 = ours.step(a), ref.step(a)
+            for x, y in zip(r1[:4], r2[:4]):
+                np.testing.assert_allclose(x, y)
+            assert sorted(r1[4]) == sorted(r2[4])
+            if mode == AutoresetMode.SAME_STEP and "final_obs" in r2[4]:
+                np.testing.assert_array_equal(r1[4]["_final_obs"], r2[4]["_final_obs"])
+                for k in np.flatnonzero(r2[4]["_final_obs"]):
+                    np.testing.assert_allclose(r1[4]["final_obs"][k], r2[4]["final_obs"][k])
+            if mode == AutoresetMode.DISABLED:
+                done = r2[2] | r2[3]
+                if done.any():
+                    o1, _ = ours.reset(options={"reset_mask": done})
+                    o2, _ = ref.reset(options={"reset_mask": done})
+                    np.testing.assert_allclose(o1, o2)
+    finally:
+        ours.close()
+        ref.close()
+
+
+@pytest.mark.parametrize("env_id", ENVS)
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+def test_identical_to_sync_vector_env(env_id: str, mode: AutoresetMode) -> None:
+    _compare(env_id, mode)
+
+
+def test_gymnasium_vector_wrappers_work_on_top() -> None:
+    venv = gym.wrappers.vector.NormalizeObservation(
+        gym.wrappers.vector.RecordEpisodeStatistics(aiovec.make_vec("CartPole-v1", 4, num_workers=2))
+    )
+    try:
+        venv.reset(seed=0)
+        episodes = 0
+        for _ in range(300):
+            _, _, _, _, infos = venv.step(np.ones(4, dtype=np.int64))
+            if "episode" in infos:
+                episodes += int(infos["_episode"].sum())
+        assert episodes > 0
+        assert venv.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+    finally:
+        venv.close()
+
+
+def test_call_get_set_attr_with_env_ids_and_render() -> None:
+    venv = aiovec.make_vec("aiovec/Busy-v0", 3, num_workers=2, cpu_ms=0.0, render_mode="rgb_array")
+    try:
+        venv.reset(seed=0)
+        assert venv.get_attr("render_mode") == ("rgb_array",) * 3
+        venv.set_attr("custom", [1, 2], env_ids=[0, 2])
+        assert venv.get_attr("custom", env_ids=[0, 2]) == (1, 2)
+        frames = venv.render()
+        assert len(frames) == 3 and frames[0].ndim == 3
+        assert venv.call("get_wrapper_attr", "spec", env_ids=[1])[0].id == "aiovec/Busy-v0"
+    finally:
+        venv.close()
+
+
+def test_usable_from_a_thread_without_loop_and_inside_a_running_loop() -> None:
+    out: list = []
+
+    def in_thread() -> None:
+        v = aiovec.make_vec("CartPole-v1", 2, num_workers=1)
+        out.append(v.reset(seed=0)[0].shape)
+        v.close()
+
+    t = threading.Thread(target=in_thread)
+    t.start()
+    t.join(60)
+    assert out == [(2, 4)]
+
+    async def jupyter_cell() -> tuple:
+        v = aiovec.make_vec("CartPole-v1", 2, num_workers=1)  # sync API called while a loop runs
+        try:
+            v.reset(seed=0)
+            return v.step(np.zeros(2, dtype=np.int64))[0].shape
+        finally:
+            v.close()
+
+    assert asyncio.run(jupyter_cell()) == (2, 4)
+
+
+def test_close_stops_the_loop_thread_and_workers() -> None:
+    before = {t.ident for t in threading.enumerate()}
+    v = aiovec.make_vec("CartPole-v1", 2, num_workers=2)
+    v.reset(seed=0)
+    pids = [w["pid"] for w in v.stats()["workers"]]
+    v.close()
+    assert {t.ident for t in threading.enumerate()} <= before
+    import psutil
+
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    with pytest.raises(aiovec.ClosedError):
+        v.step(np.zeros(2, dtype=np.int64))
+
+
+def test_env_threads_overlap_waiting_envs_and_keep_results() -> None:
+    async def run(threads: int) -> list:
+        out = []
+        async with aiovec.make("aiovec/Sleep-v0", 6, num_workers=1, env_threads=threads, wait_ms=1.0) as venv:
+            await venv.reset(seed=9)
+            for _ in range(30):
+                out.append(await venv.step(np.zeros(6, dtype=np.int64)))
+        return out
+
+    a, b = aiovec.run(run(1)), aiovec.run(run(4))
+    for x, y in zip(a, b):
+        for p, q in zip(x[:4], y[:4]):
+            np.testing.assert_array_equal(p, q)
