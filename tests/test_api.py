@@ -13,8 +13,9 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import psutil
 import pytest
-from conftest import RefEnv, assert_clean, assert_info_equal, assert_row_matches, assert_tree_equal, pid_gone, unbatch_info, wait
+from conftest import RefEnv, assert_clean, assert_rows_match, assert_tree_equal, batch_reference_infos, pid_gone, wait
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
@@ -139,14 +140,13 @@ async def interleaved(venv: AsyncVecEnv, fn: Any, seed: int, table: np.ndarray, 
         obs, infos = await wait(venv.reset(seed=seed))
         for i, ref in enumerate(refs):
             assert_tree_equal(obs[i], np.asarray(ref.reset_obs, dtype=obs.dtype), f"env {i} reset obs")
-            assert_info_equal(unbatch_info(infos, i), ref.reset_info, f"env {i} reset info")
+        assert_tree_equal(infos, batch_reference_infos([ref.reset_info for ref in refs]), "reset infos")
         if rng is None:
             for t in range(steps):
                 o, r, te, tr, inf = await wait(venv.step(table[t]))
                 res = StepResult(o, r, te, tr, inf, np.arange(n))
+                assert_rows_match(res, [refs[i].step(table[t][i]) for i in range(n)], f"step {t}")
                 for i in range(n):
-                    want = refs[i].step(table[t][i])
-                    assert_row_matches(res, i, want, f"env {i} step {t}")
                     traj[i].append((o[i], r[i], te[i], tr[i]))
             return traj
         sent = [0] * n
@@ -170,13 +170,13 @@ async def interleaved(venv: AsyncVecEnv, fn: Any, seed: int, table: np.ndarray, 
             assert len(set(ids)) == len(ids), f"an env delivered twice in one batch: {ids}"
             assert set(ids) <= in_flight, f"delivered envs {ids} that had nothing in flight ({sorted(in_flight)})"
             assert len(res.rewards) == len(res.terminations) == len(res.truncations) == len(res.obs) == len(ids)
+            wants = []
             for k, i in enumerate(ids):
-                t = received[i]
-                want = refs[i].step(table[t][i])
-                assert_row_matches(res, k, want, f"env {i} step {t}")
+                wants.append(refs[i].step(table[received[i]][i]))
                 traj[i].append((res.obs[k], res.rewards[k], res.terminations[k], res.truncations[k]))
                 received[i] += 1
                 in_flight.discard(i)
+            assert_rows_match(res, wants, f"recv({bs}) of envs {ids} at steps {[received[i] - 1 for i in ids]}")
         assert received == sent == [steps] * n, "every transition is delivered exactly once"
         st = venv.stats()
         assert st["in_flight"] == 0 and st["ready"] == 0
@@ -285,8 +285,7 @@ def test_per_env_reset_while_other_envs_step(run, clean) -> None:
                 ref_obs, _ = refs[i].reset(seed=50 + i)
                 assert_tree_equal(obs[i], ref_obs)
             res = await wait(venv.recv(2))
-            for k, i in enumerate(res.env_ids.tolist()):
-                assert_row_matches(res, k, refs[i].step([1, 0][i]), f"env {i}")
+            assert_rows_match(res, [refs[i].step([1, 0][i]) for i in res.env_ids.tolist()], "recv")
             o, r, te, tr, _ = await wait(venv.step(np.ones(N, dtype=np.int64)))
             for i in range(N):
                 want = refs[i].step(1)
@@ -437,8 +436,7 @@ def test_lambda_closure_and_local_factories_work(run, clean) -> None:
             for t in range(7):
                 o, r, te, tr, infos = await wait(venv.step(np.ones(5, dtype=np.int64)))
                 res = StepResult(o, r, te, tr, infos, np.arange(5))
-                for i in range(5):
-                    assert_row_matches(res, i, refs[i].step(1), f"env {i} step {t}")
+                assert_rows_match(res, [refs[i].step(1) for i in range(5)], f"step {t}")
             assert (await wait(venv.get_attr("_max_episode_steps"))) == (4, 4, 5, 4, 4)
         for ref in refs:
             ref.close()
@@ -466,8 +464,12 @@ def test_make_passes_env_kwargs_and_vector_options(run, clean) -> None:
 
 # -- call / get_attr / set_attr -------------------------------------------------------------
 def test_call_get_attr_set_attr_with_env_ids(run, clean) -> None:
+    class WithMethod(gym.Wrapper):
+        def scaled(self, x: float, *, factor: float = 1.0) -> float:
+            return x * factor * self.env.unwrapped.gravity
+
     async def main() -> None:
-        async with aiovec.make("CartPole-v1", N, num_workers=2) as venv:
+        async with AsyncVecEnv([lambda: WithMethod(gym.make("CartPole-v1"))] * N, num_workers=2) as venv:
             await wait(venv.reset(seed=0))
             assert (await wait(venv.get_attr("gravity"))) == (9.8,) * N
             await wait(venv.set_attr("gravity", [1.0, 2.0], env_ids=[3, 1]))
@@ -476,7 +478,8 @@ def test_call_get_attr_set_attr_with_env_ids(run, clean) -> None:
             assert (await wait(venv.get_attr("gravity", env_ids=[4, 0, 1]))) == (9.8, 5.0, 2.0)
             # call: a method with args and kwargs, results in the order of env_ids; a plain attribute is read.
             assert (await wait(venv.call("get_wrapper_attr", "gravity", env_ids=[1, 0]))) == (2.0, 5.0)
-            assert (await wait(venv.call("get_wrapper_attr", name="length", env_ids=[2]))) == (0.5,)
+            assert (await wait(venv.call("scaled", 2.0, env_ids=[2, 1]))) == (2.0 * 9.8, 2.0 * 2.0)
+            assert (await wait(venv.call("scaled", 1.0, factor=3.0, env_ids=[0]))) == (3.0 * 5.0,)
             assert (await wait(venv.call("gravity"))) == (5.0, 2.0, 9.8, 1.0, 9.8)
             # The changed physics really is used in the workers: compare with a reference env.
             ref = gym.make("CartPole-v1")
@@ -531,8 +534,6 @@ def test_stats_fields(run, clean) -> None:
                 assert w["cpu_per_step_s"] >= 0 and w["wall_per_step_s"] > 0 and w["runq_per_step_s"] >= 0
             pids = [w["pid"] for w in workers]
             assert len(set(pids)) == 2
-            import psutil
-
             mine = {p.pid for p in psutil.Process().children(recursive=True)}
             assert set(pids) <= mine, "worker pids are this process's descendants"
             return pids

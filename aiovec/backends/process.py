@@ -81,6 +81,7 @@ class ProcessWorker(WorkerHandle):
         self._executor = ProcessPoolExecutor(
             max_workers=1, mp_context=ctx, initializer=worker_side.initialize, initargs=(child_conn, buffers)
         )
+        self._served = self._loop.create_future()  # resolves (never fails) when serve ends, however
         self._serve: Future = self._executor.submit(worker_side.serve, autoreset_mode, spin_s, env_threads)
         child_conn.close()  # the worker holds its own copy now; EOF then means "worker gone"
         self._process = next(iter(self._executor._processes.values()))  # type: ignore[attr-defined]
@@ -168,6 +169,8 @@ class ProcessWorker(WorkerHandle):
             pass  # loop already closed; close() or the atexit hook cleans up
 
     def _serve_done(self, fut: Future) -> None:
+        if not self._served.done():
+            self._served.set_result(None)
         if self._exited:
             return
         exc = fut.exception()
@@ -219,7 +222,7 @@ class ProcessWorker(WorkerHandle):
         self._closing = True
         if not self._exited:
             try:
-                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._serve)), grace)
+                await asyncio.wait_for(asyncio.shield(self._served), grace)
             except (asyncio.TimeoutError, Exception):
                 self.kill()
         if not self._exited:
