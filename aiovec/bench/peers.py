@@ -51,48 +51,40 @@ def _timed(step: Callable[[Any], int], actions: list, duration: float, warmup: f
             return steps / (now - t0)
 
 
-def gym_sync(env_id: str, n: int, kwargs: dict, duration: float) -> float:
-    venv = gym.vector.SyncVectorEnv(env_fns(env_id, n, kwargs))
+def _lockstep(venv: Any, env_id: str, n: int, kwargs: dict, duration: float, reset: Callable[[], Any]) -> float:
+    """Time lock-step stepping of a synchronous peer, then close it."""
     try:
-        venv.reset(seed=0)
-        return _timed(lambda a: (venv.step(a), n)[1], _actions(venv.single_action_space, n), duration)
-    finally:
-        venv.close()
-
-
-def gym_async(env_id: str, n: int, kwargs: dict, duration: float) -> float:
-    venv = gym.vector.AsyncVectorEnv(env_fns(env_id, n, kwargs), shared_memory=True)
-    try:
-        venv.reset(seed=0)
-        return _timed(lambda a: (venv.step(a), n)[1], _actions(venv.single_action_space, n), duration)
-    finally:
-        venv.close()
-
-
-def sb3_subproc(env_id: str, n: int, kwargs: dict, duration: float) -> float:
-    from stable_baselines3.common.vec_env import SubprocVecEnv
-
-    venv = SubprocVecEnv(env_fns(env_id, n, kwargs))
-    try:
-        venv.seed(0)
-        venv.reset()
-        return _timed(lambda a: (venv.step(a), n)[1], _actions(venv.action_space, n), duration)
-    finally:
-        venv.close()
-
-
-def seed_subproc(env_id: str, n: int, kwargs: dict, duration: float) -> float:
-    from .seed_subproc import SeedSubprocVecEnv
-
-    venv = SeedSubprocVecEnv(env_fns(env_id, n, kwargs))
-    try:
-        venv.reset(seed=0)
+        reset()
         probe = gym.make(env_id, **kwargs)
         acts = _actions(probe.action_space, n)
         probe.close()
         return _timed(lambda a: (venv.step(a), n)[1], acts, duration)
     finally:
         venv.close()
+
+
+def gym_sync(env_id: str, n: int, kwargs: dict, duration: float) -> float:
+    venv = gym.vector.SyncVectorEnv(env_fns(env_id, n, kwargs))
+    return _lockstep(venv, env_id, n, kwargs, duration, lambda: venv.reset(seed=0))
+
+
+def gym_async(env_id: str, n: int, kwargs: dict, duration: float) -> float:
+    venv = gym.vector.AsyncVectorEnv(env_fns(env_id, n, kwargs), shared_memory=True)
+    return _lockstep(venv, env_id, n, kwargs, duration, lambda: venv.reset(seed=0))
+
+
+def sb3_subproc(env_id: str, n: int, kwargs: dict, duration: float) -> float:
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    venv = SubprocVecEnv(env_fns(env_id, n, kwargs))
+    return _lockstep(venv, env_id, n, kwargs, duration, lambda: (venv.seed(0), venv.reset()))
+
+
+def seed_subproc(env_id: str, n: int, kwargs: dict, duration: float) -> float:
+    from .seed_subproc import SeedSubprocVecEnv
+
+    venv = SeedSubprocVecEnv(env_fns(env_id, n, kwargs))
+    return _lockstep(venv, env_id, n, kwargs, duration, lambda: venv.reset(seed=0))
 
 
 def aiovec_runner(mode: str = "step", recv_batch: int | None = None, **options: Any) -> Runner:
