@@ -2,6 +2,8 @@
 
     python -m aiovec.bench core --out bench-results/core.json
     aiovec demo --output bench-results/demo
+    python -m aiovec.bench ray --out bench-results/ray.json
+    python examples/ppo_speedup.py           # examples/results/ppo_speedup/table.md
     python -m aiovec.bench.readme            # rewrites the blocks between the README's markers
 """
 
@@ -50,6 +52,20 @@ def main(root: str = ".") -> None:
         text = replace(text, "bench:core", core_block(core))
     if demo.exists():
         text = replace(text, "bench:demo", demo_block(demo))
+    soak = base / "bench-results" / "soak.json"
+    if soak.exists():
+        r = json.loads(soak.read_text())
+        text = replace(text, "bench:soak", "| " + " | ".join(r) + " |\n|" + "---|" * len(r) + "\n| "
+                       + " | ".join(str(round(v, 1) if isinstance(v, float) else v) for v in r.values()) + " |")
+    ppo = base / "examples" / "results" / "ppo_speedup" / "table.md"
+    if ppo.exists():
+        text = replace(text, "bench:ppo", ppo.read_text().strip())
+    ray_json = base / "bench-results" / "ray.json"
+    if ray_json.exists():
+        r = json.loads(ray_json.read_text())
+        text = replace(text, "bench:ray", f"Machine: {r['machine']}; {r['repeats']} interleaved repeats of {r['duration_s']} s; medians.\n\n"
+                       + r["table"] + f"\n\n`ray.init`: {r['ray_init_s']:.1f} s. Per-step overhead, one CartPole env: process backend "
+                       f"+{r['overhead_us']['process']:.0f} us, Ray backend +{r['overhead_us']['ray']:.0f} us.")
     readme.write_text(text)
 
 
