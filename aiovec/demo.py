@@ -44,7 +44,7 @@ def scenarios(quick: bool, max_workers: int | None) -> list[Scenario]:
                  {"cpu_ms": 1.0, "wait_ms": 10.0, "episode_len": 50}),
         Scenario("stragglers", "stragglers (90% 0.5 ms, 10% 5 ms CPU)", "aiovec/Straggler-v0", 8, [1, c, 2 * c, 8], {"episode_len": 50}),
         Scenario("change", "mid-run change (latency -> CPU -> latency)", "aiovec/PhaseChange-v0", 32, [c, 4 * c, 32],
-                 {"episode_len": 25}, phase_s=1.0 if quick else 4.0),
+                 {"episode_len": 25}, phase_s=1.0 if quick else 3.0),
     ]
     for s in out:
         s.statics = sorted({min(max(1, n), s.num_envs, max_workers or s.num_envs) for n in s.statics})
@@ -100,8 +100,8 @@ async def _run(s: Scenario, num_workers: int | str, duration: float, max_workers
 
 
 def run_demo(quick: bool = False, only: str | None = None, max_workers: int | None = None, output: str = "demo-output") -> dict:
-    statics_s = 1.0 if quick else 3.0
-    adaptive_s = 2.5 if quick else 8.0
+    statics_s = 1.0 if quick else 2.5
+    adaptive_s = 2.5 if quick else 7.0
     chosen = [s for s in scenarios(quick, max_workers) if only in (None, s.key)]
     if not chosen:
         raise SystemExit(f"unknown scenario {only!r}; choose from {[s.key for s in scenarios(quick, max_workers)]}")
@@ -110,21 +110,21 @@ def run_demo(quick: bool = False, only: str | None = None, max_workers: int | No
     for s in chosen:
         dur = 3 * s.phase_s if s.phase_s else statics_s
         print(f"\n== {s.title}: {s.num_envs} envs; static sweep {s.statics} ({dur:.0f}s each)")
+        key = "steps_per_s" if s.phase_s else "steady_steps_per_s"  # same measure for static and adaptive
         static = {}
         for w in s.statics:
             r = run(_run(s, w, dur, max_workers, live=False))
             static[w] = r
-            print(f"  static {w:3d} workers: {r['steps_per_s']:8.0f} steps/s")
+            print(f"  static {w:3d} workers: {r[key]:8.0f} steps/s")
         dur = 3 * s.phase_s if s.phase_s else adaptive_s
         print(f"  adaptive ({dur:.0f}s):")
         ad = run(_run(s, "auto", dur, max_workers, live=True))
-        best_w = max(static, key=lambda w: static[w]["steps_per_s"])
-        best = static[best_w]["steps_per_s"]
-        key = "steps_per_s" if s.phase_s else "steady_steps_per_s"
+        best_w = max(static, key=lambda w: static[w][key])
+        best = static[best_w][key]
         ratio = ad[key] / best
         print(f"  adaptive: {ad[key]:8.0f} steps/s ({'whole run' if s.phase_s else 'steady state'}), "
               f"{ratio:.2f}x best static ({best_w} workers: {best:.0f}); ends at {ad['final_workers']} workers")
-        results[s.key] = {"title": s.title, "num_envs": s.num_envs, "static": {w: r["steps_per_s"] for w, r in static.items()},
+        results[s.key] = {"title": s.title, "num_envs": s.num_envs, "static": {w: r[key] for w, r in static.items()},
                           "best_static_workers": best_w, "adaptive": ad, "ratio": ratio, "measure": key}
     os.makedirs(output, exist_ok=True)
     table = _table(results)
