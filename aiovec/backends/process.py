@@ -85,6 +85,7 @@ class ProcessWorker(WorkerHandle):
         self._serve: Future = self._executor.submit(worker_side.serve, autoreset_mode, spin_s, env_threads)
         child_conn.close()  # the worker holds its own copy now; EOF then means "worker gone"
         self._process = next(iter(self._executor._processes.values()))  # type: ignore[attr-defined]
+        self._manager = getattr(self._executor, "_executor_manager_thread", None)  # reaps the process
         self.pid = self._process.pid
         self._fd = parent_conn.fileno()
         os.set_blocking(self._fd, False)
@@ -200,10 +201,10 @@ class ProcessWorker(WorkerHandle):
         self._conn.close()
         # The executor's management thread reaps the process; wait for it (its process is
         # gone or going, so this is quick) rather than racing it for the exit status.
-        thread = getattr(self._executor, "_executor_manager_thread", None)
+        thread = self._manager
         self._executor.shutdown(wait=False, cancel_futures=True)
-        if thread is not None:
-            thread.join(timeout=2.0)
+        if thread is not None and not self._closing:
+            thread.join(timeout=2.0)  # crash path: the thread is finishing already
         if thread is None or not thread.is_alive():
             self.exitcode = self._process.exitcode
         _live.discard(self)
@@ -231,6 +232,14 @@ class ProcessWorker(WorkerHandle):
             if not await _wait_exit(self._loop, self._process, grace):
                 self.kill()
             self._finish(None, crashed=False)
+        # close() returns only once the executor's thread (which holds the queues) is gone.
+        thread = self._manager
+        deadline = self._loop.time() + grace
+        while thread is not None and thread.is_alive() and self._loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        if thread is not None and not thread.is_alive():
+            self.exitcode = self._process.exitcode
+        self._executor = None  # type: ignore[assignment]  # drop the queues (and their semaphores) now
 
 
 async def _wait_exit(loop: asyncio.AbstractEventLoop, process: Any, timeout: float) -> bool:

@@ -29,7 +29,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 try:
-    from stable_baselines3.common.vec_env import VecEnv
+    from stable_baselines3.common.vec_env import VecEnv, VecMonitor
     from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvObs, VecEnvStepReturn
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides the package
     raise ImportError(
@@ -37,6 +37,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
     ) from exc
 
 from ..errors import ConfigError, EnvError
+from ._factory import make_wrapped
 from ..gym import VectorEnv
 from ..make import _VEC_OPTIONS
 from ..vecenv import AsyncVecEnv
@@ -236,17 +237,6 @@ def _wrapper_names(chain: str) -> list[str]:
     return re.findall(r"<(\w+)", chain)
 
 
-def _make_env(spec: Any, kwargs: dict[str, Any], monitor: bool, wrapper_class: Any, wrapper_kwargs: dict[str, Any]) -> gym.Env:
-    env = gym.make(spec, **kwargs)
-    if monitor:
-        from stable_baselines3.common.monitor import Monitor
-
-        env = Monitor(env)
-    if wrapper_class is not None:
-        env = wrapper_class(env, **wrapper_kwargs)
-    return env
-
-
 def make_sb3_vec_env(
     env_id: str,
     num_envs: int,
@@ -257,11 +247,14 @@ def make_sb3_vec_env(
     wrapper_class: Callable[..., gym.Env] | None = None,
     wrapper_kwargs: dict[str, Any] | None = None,
     **aiovec_options: Any,
-) -> SB3VecEnv:
+) -> VecEnv:
     """``num_envs`` copies of ``gymnasium.make(env_id)`` in aiovec workers, as an SB3 ``VecEnv``.
 
-    Like SB3's ``make_vec_env``: each env is wrapped in ``Monitor`` (``monitor=False`` to skip,
-    so episode returns reach SB3's logger) and then in ``wrapper_class(env, **wrapper_kwargs)``;
+    Like SB3's ``make_vec_env``: each env is wrapped in ``wrapper_class(env, **wrapper_kwargs)``
+    when given, and episode returns and lengths reach SB3's logger (``infos[i]["episode"]``)
+    through a ``VecMonitor`` around the :class:`SB3VecEnv` (``monitor=False``: the bare
+    :class:`SB3VecEnv`). ``VecMonitor`` counts in the parent process, so the workers never
+    import SB3 or torch (a per-env ``Monitor`` would cost each worker that import).
     ``seed`` seeds the first reset (env ``i`` gets ``seed + i``). Keyword arguments that
     :class:`aiovec.AsyncVecEnv` knows (``num_workers``, ``step_timeout``, ...) configure the
     vector env, all others go to ``gymnasium.make`` (``max_episode_steps=...``). The
@@ -270,7 +263,7 @@ def make_sb3_vec_env(
     Example::
 
         env = make_sb3_vec_env("CartPole-v1", 4, seed=0, num_workers=2, max_episode_steps=200)
-        obs = env.reset()
+        obs = env.reset()                      # (4, 4); env.unwrapped is the SB3VecEnv
     """
     if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
         raise ConfigError(f"num_envs must be a positive int, got {num_envs!r}")
@@ -283,8 +276,8 @@ def make_sb3_vec_env(
         raise ConfigError(f"unknown env id {env_id!r}: {exc}") from None
     vec_kwargs = {k: v for k, v in aiovec_options.items() if k in _VEC_OPTIONS}
     kwargs = {**(env_kwargs or {}), **{k: v for k, v in aiovec_options.items() if k not in _VEC_OPTIONS}}
-    factory = functools.partial(_make_env, spec, kwargs, monitor, wrapper_class, dict(wrapper_kwargs or {}))
+    factory = functools.partial(make_wrapped, spec, kwargs, wrapper_class, dict(wrapper_kwargs or {}))
     venv = SB3VecEnv(VectorEnv([factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP, **vec_kwargs))
     if seed is not None:
         venv.seed(seed)
-    return venv
+    return VecMonitor(venv) if monitor else venv
