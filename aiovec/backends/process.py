@@ -82,21 +82,55 @@ class ProcessWorker(WorkerHandle):
             max_workers=1, mp_context=ctx, initializer=worker_side.initialize, initargs=(child_conn, buffers)
         )
         self._served = self._loop.create_future()  # resolves (never fails) when serve ends, however
-        self._serve: Future = self._executor.submit(worker_side.serve, autoreset_mode, spin_s, env_threads)
-        child_conn.close()  # the worker holds its own copy now; EOF then means "worker gone"
-        self._process = next(iter(self._executor._processes.values()))  # type: ignore[attr-defined]
-        self._manager = getattr(self._executor, "_executor_manager_thread", None)  # reaps the process
-        self.pid = self._process.pid
+        self._started = self._loop.create_future()  # resolves once the process exists
+        self._serve: Future | None = None
+        self._process: Any = None
+        self._manager: threading.Thread | None = None  # the executor's thread; it reaps the process
+        self._kill_pending = False
         self._fd = parent_conn.fileno()
         os.set_blocking(self._fd, False)
         self._rbuf = b""
-        self._wbuf = bytearray()
+        self._wbuf = bytearray()  # commands sent before the process exists wait in the socket
         self._loop.add_reader(self._fd, self._on_readable)
+        _live.add(self)
+        # Starting a process blocks (the fork server forks and answers with the pid): do it
+        # in a short-lived thread so the event loop never waits for it.
+        threading.Thread(
+            target=self._launch, args=(child_conn, (autoreset_mode, spin_s, env_threads)), name="aiovec-spawn", daemon=True
+        ).start()
+
+    def _launch(self, child_conn: Any, args: tuple) -> None:
+        serve = process = manager = None
+        error: BaseException | None = None
+        try:
+            serve = self._executor.submit(worker_side.serve, *args)
+            process = next(iter(self._executor._processes.values()))  # type: ignore[attr-defined]
+            manager = getattr(self._executor, "_executor_manager_thread", None)
+        except BaseException as exc:
+            error = exc
+        finally:
+            child_conn.close()  # the worker holds its own copy now; EOF then means "worker gone"
+        try:
+            self._loop.call_soon_threadsafe(self._launched, serve, process, manager, error)
+        except RuntimeError:  # the loop is gone: nobody will use this worker
+            if process is not None:
+                os.kill(process.pid, signal.SIGKILL)
+
+    def _launched(self, serve: Future | None, process: Any, manager: threading.Thread | None, error: BaseException | None) -> None:
+        self._serve, self._process, self._manager = serve, process, manager
+        if process is not None:
+            self.pid = process.pid
+        if not self._started.done():
+            self._started.set_result(None)
+        if error is not None or serve is None:
+            self._finish(f"could not start the worker process: {type(error).__name__}: {error}", crashed=True)
+            return
         # Weakly: the executor's thread holds this callback, and must not keep the whole
         # vector env alive (an env nobody closed is cleaned up when it is garbage-collected).
         ref = weakref.ref(self)
-        self._serve.add_done_callback(lambda fut: (w := ref()) is not None and w._serve_done_threadsafe(fut))
-        _live.add(self)
+        serve.add_done_callback(lambda fut: (w := ref()) is not None and w._serve_done_threadsafe(fut))
+        if self._kill_pending:
+            self.kill()
 
     # -- hot path -----------------------------------------------------------------------
     # Frames are multiprocessing's (a 4-byte big-endian length, then the payload), so the
@@ -205,14 +239,17 @@ class ProcessWorker(WorkerHandle):
         self._executor.shutdown(wait=False, cancel_futures=True)
         if thread is not None and not self._closing:
             thread.join(timeout=2.0)  # crash path: the thread is finishing already
-        if thread is None or not thread.is_alive():
+        if self._process is not None and (thread is None or not thread.is_alive()):
             self.exitcode = self._process.exitcode
         _live.discard(self)
         if crashed or not self._closing:
             self._on_exit(self.exitcode, tb)
 
     def kill(self) -> None:
-        if self.pid is not None and not self._exited:
+        if self.pid is None:
+            self._kill_pending = True  # still starting: killed as soon as it exists
+            return
+        if not self._exited:
             try:
                 os.kill(self.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -221,6 +258,14 @@ class ProcessWorker(WorkerHandle):
     async def stop(self, grace: float) -> None:
         """Called after CLOSE was sent (or the worker died): wait, then kill, then reap."""
         self._closing = True
+        if not self._started.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._started), grace)
+            except asyncio.TimeoutError:
+                pass
+        if self._serve is None:  # never started (or could not): nothing to wait for
+            self._finish(None, crashed=False)
+            return
         if not self._exited:
             try:
                 await asyncio.wait_for(asyncio.shield(self._served), grace)
@@ -237,7 +282,7 @@ class ProcessWorker(WorkerHandle):
         deadline = self._loop.time() + grace
         while thread is not None and thread.is_alive() and self._loop.time() < deadline:
             await asyncio.sleep(0.005)
-        if thread is not None and not thread.is_alive():
+        if thread is not None and not thread.is_alive() and self._process is not None:
             self.exitcode = self._process.exitcode
         self._executor = None  # type: ignore[assignment]  # drop the queues (and their semaphores) now
 
