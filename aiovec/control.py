@@ -45,7 +45,7 @@ class ControlLoop:
 
     def _sample(self) -> _Sample:
         stats = self.venv._stats
-        workers = list(stats.workers.values()) + stats.retired
+        workers = [*stats.workers.values(), stats.retired]
         return _Sample(
             time.perf_counter(), sum(w.steps for w in workers), sum(w.cpu_s for w in workers),
             sum(w.wall_s for w in workers), sum(w.runq_s for w in workers), time.process_time(),

@@ -88,7 +88,6 @@ class WorkerPool:
         self._next_id = 0
         self._loop = asyncio.get_running_loop()
         self._timed_out: set[int] = set()  # workers killed by step_timeout
-        self._dead: list[WorkerHandle] = []  # exited workers not yet reaped
         self._all_groups: dict[int, list[int]] | None = None  # by_worker(all envs), until placement changes
         # Resizing: envs move one at a time, each at an episode boundary of its own.
         self.movable: Callable[[int], bool] = lambda env_id: True  # set by the vector env
@@ -141,8 +140,7 @@ class WorkerPool:
         for wid, w in self.workers.items():
             if w.handle.alive:
                 self._send(wid, (P.CLOSE,), None)
-        handles = [w.handle for w in self.workers.values()] + self._dead
-        self._dead = []
+        handles = [w.handle for w in self.workers.values()]
         await asyncio.gather(*(h.stop(grace) for h in handles), *self._stopping, return_exceptions=True)
         self.workers.clear()
         self.backend.close()
@@ -349,6 +347,10 @@ class WorkerPool:
         self._plan()
         self.try_moves()
 
+    def _reap(self, handle: WorkerHandle) -> None:
+        self._stopping = [t for t in self._stopping if not t.done()]
+        self._stopping.append(self._loop.create_task(handle.stop(5.0)))
+
     def _stop_empty(self) -> None:
         for wid in sorted(self._retiring):
             w = self.workers.get(wid)
@@ -359,7 +361,7 @@ class WorkerPool:
                 self._send(wid, (P.CLOSE,), None)
                 del self.workers[wid]
                 self.stats.retire(wid)
-                self._stopping.append(self._loop.create_task(w.handle.stop(5.0)))
+                self._reap(w.handle)
 
     # -- replies and deaths -------------------------------------------------------------
     def _on_reply(self, wid: int, reply: tuple[Any, ...]) -> None:
@@ -400,8 +402,8 @@ class WorkerPool:
         for _op, _t, handler in pending:
             if handler is not None:
                 handler(wid, None, err)
-        # The handle is kept reachable until stopped, so close() can reap it.
-        self._dead.append(w.handle)
+        # Reap it now (a long run with many restarts must not accumulate dead workers).
+        self._reap(w.handle)
         for env in [e for e, (dest, _) in self._moving.items() if dest == wid]:
             self._moving[env] = (-1, self._moving[env][1])  # was moving into the dead worker
             env_ids.append(env)
@@ -436,10 +438,6 @@ class WorkerPool:
                 self._send(wid, build([env]), handler)
         if self._targets or self._retiring:
             self._plan()
-
-    async def reap(self, grace: float) -> None:
-        dead, self._dead = self._dead, []
-        await asyncio.gather(*(h.stop(grace) for h in dead), return_exceptions=True)
 
 
 def _rss_mb(pid: int) -> float:

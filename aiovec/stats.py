@@ -70,7 +70,7 @@ class Stats:
         self.steps = 0
         self.latency = LatencyRing()
         self.workers: dict[int, WorkerStats] = {}
-        self.retired: list[WorkerStats] = []
+        self.retired = WorkerStats(-1)  # totals of workers that are gone (kept as sums: bounded memory)
 
     def worker(self, worker_id: int) -> WorkerStats:
         ws = self.workers.get(worker_id)
@@ -81,7 +81,12 @@ class Stats:
     def retire(self, worker_id: int) -> None:
         ws = self.workers.pop(worker_id, None)
         if ws is not None:
-            self.retired.append(ws)
+            r = self.retired
+            r.steps += ws.steps
+            r.commands += ws.commands
+            r.cpu_s += ws.cpu_s
+            r.wall_s += ws.wall_s
+            r.runq_s += ws.runq_s
 
     def record(self, worker_id: int, nsteps: int, timing: tuple[float, float, float], latency: float) -> None:
         self.steps += nsteps

@@ -39,6 +39,7 @@ import contextlib
 import itertools
 import json
 import math
+import signal
 import time
 from collections import deque
 from pathlib import Path
@@ -178,14 +179,15 @@ class Rollout:
             self._sample_now()
 
     def _sample_now(self) -> None:
-        if self.venv.closed:
+        if self.venv.closed or self.state not in ("running", "finished"):
             return
         st = self.venv.stats()
         self.last_stats = st
         self.worker_pids.update(w["pid"] for w in st["workers"] if w.get("pid"))
         now = time.perf_counter() - self.t0
         prev = self.history[-1] if self.history else None
-        rate = (self.steps - prev["steps"]) / (now - prev["t"]) if prev and now > prev["t"] else 0.0
+        t_prev, steps_prev = (prev["t"], prev["steps"]) if prev else (0.0, 0)
+        rate = (self.steps - steps_prev) / (now - t_prev) if now > t_prev else 0.0
         lat = st["latency_s"]
         self.history.append({
             "t": round(now, 3), "steps": self.steps, "steps_per_s": rate, "num_workers": st["num_workers"],
@@ -198,6 +200,7 @@ class Rollout:
 
     def stats(self, history: int = 120) -> dict[str, Any]:
         st = self.venv.stats() if not self.venv.closed else self.last_stats
+        self.worker_pids.update(w["pid"] for w in st.get("workers", ()) if w.get("pid"))
         elapsed = time.perf_counter() - self.t0 if self.state == "running" else (self.history[-1]["t"] if self.history else 0.0)
         recent = list(itertools.islice(reversed(self.episodes), KEEP_RECENT))[::-1]
         lat = st.get("latency_s", {})
@@ -462,10 +465,13 @@ async def serve(host: str, port: int, start: list[str], num_envs: int) -> None:
     site = web.TCPSite(runner, host, port)
     await site.start()
     print(f"aiovec web service on http://{host}:{port}/  (Ctrl-C stops it)", flush=True)
+    stop = asyncio.Event()
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # SIGTERM stops it as cleanly as Ctrl-C
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
         for env_id in start:
             await launch(runner.app, env_id, num_envs)
-        await asyncio.Event().wait()
+        await stop.wait()
     finally:
         await runner.cleanup()
 

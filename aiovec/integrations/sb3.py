@@ -37,10 +37,10 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
     ) from exc
 
 from ..errors import ConfigError, EnvError
-from ._factory import make_wrapped
 from ..gym import VectorEnv
 from ..make import _VEC_OPTIONS
 from ..vecenv import AsyncVecEnv
+from ._factory import make_wrapped
 
 __all__ = ["SB3VecEnv", "make_sb3_vec_env", "unbatch_infos"]
 
@@ -86,7 +86,10 @@ class SB3VecEnv(VecEnv):
 
     # -- stepping -----------------------------------------------------------------------
     def reset(self) -> VecEnvObs:
-        """Reset every env with the seeds/options set since the last reset (then forget them)."""
+        """Reset every env with the seeds/options set since the last reset (then forget them).
+
+        Example: ``env.seed(0); obs = env.reset()``; reset infos are in ``env.reset_infos``.
+        """
         n = self.num_envs
         seeds: list[int | None] | None = list(self._seeds) if any(s is not None for s in self._seeds) else None
         groups: dict[str, tuple[dict[str, Any], list[int]]] = {}
@@ -112,11 +115,18 @@ class SB3VecEnv(VecEnv):
         return obs
 
     def step_async(self, actions: np.ndarray) -> None:
-        """Remember the actions; :meth:`step_wait` steps every env with them."""
+        """Remember the actions; :meth:`step_wait` steps every env with them.
+
+        Example: ``env.step_async(np.zeros(env.num_envs, dtype=np.int64)); env.step_wait()``.
+        """
         self._actions = actions
 
     def step_wait(self) -> VecEnvStepReturn:
-        """Step every env once; returns ``(obs, rewards, dones, infos)`` as ``DummyVecEnv`` does."""
+        """Step every env once; returns ``(obs, rewards, dones, infos)`` as ``DummyVecEnv`` does.
+
+        Example: ``obs, rewards, dones, infos = env.step(actions)`` (``step`` = ``step_async`` + ``step_wait``);
+        ``infos[i]["terminal_observation"]`` where ``dones[i]``.
+        """
         if self._actions is None:
             raise RuntimeError("step_wait() without a pending step_async()")
         actions, self._actions = self._actions, None
@@ -174,7 +184,10 @@ class SB3VecEnv(VecEnv):
         return [name in _wrapper_names(chain) for chain in chains]
 
     def get_images(self) -> Sequence[np.ndarray | None]:
-        """One ``render()`` image per env (envs made with ``render_mode="rgb_array"``), as SB3's ``render()`` tiles them."""
+        """One ``render()`` image per env (envs made with ``render_mode="rgb_array"``), as SB3's ``render()`` tiles them.
+
+        Example: ``make_sb3_vec_env("CartPole-v1", 4, render_mode="rgb_array").render()`` is one tiled image.
+        """
         if self.render_mode != "rgb_array":
             return [None] * self.num_envs
         return list(self.venv.render() or ())

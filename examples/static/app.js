@@ -54,23 +54,25 @@ function drawChart(canvas, series, opts = {}) {
     return 0;
   }
   if (xmax === xmin) { xmax = xmin + 1; }
+  if (opts.yInteger) { ymin = Math.floor(ymin); ymax = Math.max(ymin + 1, Math.ceil(ymax * 1.1)); }
   if (ymax === ymin) { ymax = ymin + (Math.abs(ymin) || 1) * 0.1; ymin = opts.yZero ? ymin : ymin - (Math.abs(ymin) || 1) * 0.1; }
-  ymax += (ymax - ymin) * 0.05;
+  if (!opts.yInteger) ymax += (ymax - ymin) * 0.05;
   const X = (x) => L + ((x - xmin) / (xmax - xmin)) * pw;
   const Y = (y) => T + ph - ((y - ymin) / (ymax - ymin)) * ph;
   // grid and tick labels
   ctx.textAlign = "right";
   ctx.textBaseline = "middle";
-  for (let i = 0; i <= 4; i++) {
-    const v = ymin + ((ymax - ymin) * i) / 4, y = Y(v);
+  const yStep = opts.yInteger ? Math.max(1, Math.ceil((ymax - ymin) / 4)) : (ymax - ymin) / 4;
+  for (let v = ymin; v <= ymax + 1e-9; v += yStep) {
+    const y = Y(v);
     ctx.strokeStyle = "#eee";
     ctx.beginPath(); ctx.moveTo(L + 1, y); ctx.lineTo(L + pw - 1, y); ctx.stroke();
-    ctx.fillText(niceNum(v), L - 4, y);
+    ctx.fillText(opts.yInteger ? String(Math.round(v)) : niceNum(v), L - 4, y);
   }
-  ctx.textAlign = "center";
   ctx.textBaseline = "top";
   for (let i = 0; i <= 4; i++) {
     const v = xmin + ((xmax - xmin) * i) / 4;
+    ctx.textAlign = i === 0 ? "left" : i === 4 ? "right" : "center";
     ctx.fillText(niceNum(v) + (opts.xUnit || ""), X(v), T + ph + 6);
   }
   // data
@@ -161,7 +163,7 @@ function render(data) {
   const h = r.history || [];
   const ret = r.recent_returns.map((e) => [e.index, e.return]);
   page.points = {
-    workers: drawChart($("chart-workers"), [{ points: h.map((p) => [p.t, p.num_workers]), color: "#2ca02c", step: true }], { yZero: true, xUnit: "s" }),
+    workers: drawChart($("chart-workers"), [{ points: h.map((p) => [p.t, p.num_workers]), color: "#2ca02c", step: true }], { yZero: true, yInteger: true, xUnit: "s" }),
     rate: drawChart($("chart-rate"), [{ points: h.map((p) => [p.t, p.steps_per_s]), color: "#1f77b4" }], { yZero: true, xUnit: "s" }),
     latency: drawChart($("chart-latency"), [
       { points: h.map((p) => [p.t, p.latency_p50_s === null ? null : p.latency_p50_s * 1000]), color: "#1f77b4" },
