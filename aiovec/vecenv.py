@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -90,6 +92,9 @@ class AsyncVecEnv:
         env_threads: threads per worker that step a command's envs concurrently; worth it for
             envs that wait with the GIL released (I/O, sleeps, C simulators), useless for
             pure-Python CPU-bound ones.
+        check_obs: validate every observation against the declared space in the worker and
+            raise ``EnvError`` naming the env (default: on in Python's development mode,
+            ``python -X dev``, or with ``AIOVEC_DEBUG=1``; off otherwise, it costs a check per step).
         spin: let idle workers poll briefly for the next command instead of sleeping at once
             (``"auto"``: only when the workers leave the parent a CPU of its own).
     """
@@ -114,6 +119,7 @@ class AsyncVecEnv:
         ray_address: str | None = None,
         ray_options: dict[str, Any] | None = None,
         env_threads: int = 1,
+        check_obs: bool | None = None,
     ) -> None:
         env_fns = list(env_fns)
         if not env_fns:
@@ -143,6 +149,9 @@ class AsyncVecEnv:
             raise ConfigError(f"backend must be 'process' or 'ray', got {backend!r}")
         self.backend = backend
         self.env_threads = _positive_int(env_threads, "env_threads")
+        if check_obs is None:
+            check_obs = bool(sys.flags.dev_mode or os.environ.get("AIOVEC_DEBUG"))
+        self._host_options = {"env_threads": self.env_threads, "check_obs": bool(check_obs)}
         self._ray = (ray_address, ray_options)
         self.max_restarts = max_restarts
         self.restart_backoff = float(restart_backoff)
@@ -254,13 +263,13 @@ class AsyncVecEnv:
             from .backends.ray import RayBackend
 
             rb = RayBackend(self.single_observation_space, self.single_action_space, self.num_envs,
-                            self.autoreset_mode.value, *self._ray, env_threads=self.env_threads)
+                            self.autoreset_mode.value, *self._ray, host_options=self._host_options)
             self._views = rb.views
             return rb
         ctx = get_context(self._context_name)
         buffers = SharedBuffers(ctx, self.single_observation_space, self.single_action_space, self.num_envs)
         self._views = buffers.views()
-        return ProcessBackend(ctx, buffers, self.autoreset_mode.value, self._spin_s, self.env_threads)
+        return ProcessBackend(ctx, buffers, self.autoreset_mode.value, self._spin_s, self._host_options)
 
     async def close(self) -> None:
         """Stop every worker (grace period ``close_timeout``, then kill). Idempotent; never hangs."""

@@ -84,7 +84,9 @@ class _Slot:
 class EnvHost:
     """Hosts envs by global env id and executes commands on them."""
 
-    def __init__(self, views: Any, autoreset_mode: AutoresetMode, obs_space: Any, action_space: Any, env_threads: int = 1) -> None:
+    def __init__(self, views: Any, autoreset_mode: AutoresetMode, obs_space: Any, action_space: Any,
+                 env_threads: int = 1, check_obs: bool = False) -> None:
+        self.check_obs = check_obs  # validate every observation against the declared space
         self.views = views
         self.mode = autoreset_mode
         self.obs_space = obs_space
@@ -151,6 +153,8 @@ class EnvHost:
                         info = {**final, **info}
                     elif self.mode == AutoresetMode.NEXT_STEP:
                         slot.needs_reset = True
+            if self.check_obs:
+                self._check(obs)
             put_row(v.obs, i, obs)
         except Exception as exc:
             return None, _describe(i, exc)
@@ -166,6 +170,8 @@ class EnvHost:
             slot = self.slots[i]
             try:
                 obs, info = slot.reset(seed, options)
+                if self.check_obs:
+                    self._check(obs)
                 put_row(v.obs, i, obs)
             except Exception as exc:
                 errors.append(_describe(i, exc))
@@ -177,6 +183,12 @@ class EnvHost:
                     infos = [None] * len(ids)
                 infos[k] = info
         return infos
+
+    def _check(self, obs: Any) -> None:
+        if not self.obs_space.contains(obs):
+            shape = getattr(obs, "shape", None)
+            dtype = getattr(obs, "dtype", type(obs).__name__)
+            raise ValueError(f"observation (shape {shape}, dtype {dtype}) is outside the declared observation space {self.obs_space}: {obs!r:.200}")
 
     def _call(self, ids: tuple[int, ...], kind: str, name: str, payload: Any, errors: list) -> list:
         results: list[Any] = [None] * len(ids)
@@ -291,7 +303,7 @@ def initialize(conn: Any, buffers: Any) -> None:
         os._exit(0)
 
 
-def serve(autoreset_mode: str, spin_s: float = 0.0, env_threads: int = 1) -> None:
+def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = None) -> None:
     """The worker's whole life: answer commands until CLOSE; exit at once when the parent goes.
 
     ``spin_s`` > 0: after each reply, poll for the next command for that long before
@@ -299,7 +311,7 @@ def serve(autoreset_mode: str, spin_s: float = 0.0, env_threads: int = 1) -> Non
     env step; the parent only asks for a spin when there is a spare core for it.
     """
     conn = _conn
-    host = EnvHost(_buffers.views(), AutoresetMode(autoreset_mode), _buffers.obs_space, _buffers.action_space, env_threads)
+    host = EnvHost(_buffers.views(), AutoresetMode(autoreset_mode), _buffers.obs_space, _buffers.action_space, **(host_options or {}))
     recv, send, poll = conn.recv_bytes, conn.send_bytes, conn.poll
     clock = time.perf_counter
     send(P.encode((P.READY, (), os.getpid(), None, (0.0, 0.0, 0.0))))

@@ -66,7 +66,7 @@ def get_context(name: str | None) -> Any:
 class ProcessWorker(WorkerHandle):
     """A worker process; see the module docstring."""
 
-    def __init__(self, worker_id: int, ctx: Any, buffers: SharedBuffers, autoreset_mode: str, spin_s: float, env_threads: int,
+    def __init__(self, worker_id: int, ctx: Any, buffers: SharedBuffers, autoreset_mode: str, spin_s: float, host_options: dict,
                  on_reply: ReplyCallback, on_exit: ExitCallback) -> None:
         self.worker_id = worker_id
         self._loop = asyncio.get_running_loop()
@@ -96,7 +96,7 @@ class ProcessWorker(WorkerHandle):
         # Starting a process blocks (the fork server forks and answers with the pid): do it
         # in a short-lived thread so the event loop never waits for it.
         threading.Thread(
-            target=self._launch, args=(child_conn, (autoreset_mode, spin_s, env_threads)), name="aiovec-spawn", daemon=True
+            target=self._launch, args=(child_conn, (autoreset_mode, spin_s, host_options)), name="aiovec-spawn", daemon=True
         ).start()
 
     def _launch(self, child_conn: Any, args: tuple) -> None:
@@ -312,12 +312,13 @@ class ProcessBackend(Backend):
 
     name = "process"
 
-    def __init__(self, ctx: Any, buffers: SharedBuffers, autoreset_mode: str, spin_s: float = 0.0, env_threads: int = 1) -> None:
-        self.env_threads = env_threads
+    def __init__(self, ctx: Any, buffers: SharedBuffers, autoreset_mode: str, spin_s: float = 0.0,
+                 host_options: dict | None = None) -> None:
+        self.host_options = host_options or {}
         self.ctx = ctx
         self.buffers = buffers
         self.autoreset_mode = autoreset_mode
         self.spin_s = spin_s  # applies to workers started from now on
 
     def start_worker(self, worker_id: int, on_reply: ReplyCallback, on_exit: ExitCallback) -> WorkerHandle:
-        return ProcessWorker(worker_id, self.ctx, self.buffers, self.autoreset_mode, self.spin_s, self.env_threads, on_reply, on_exit)
+        return ProcessWorker(worker_id, self.ctx, self.buffers, self.autoreset_mode, self.spin_s, self.host_options, on_reply, on_exit)

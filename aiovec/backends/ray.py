@@ -41,14 +41,14 @@ def local_views(obs_space: Any, action_space: Any, n: int) -> Views:
 class _Actor:
     """Runs inside a Ray worker process."""
 
-    def __init__(self, obs_space: Any, action_space: Any, num_envs: int, autoreset_mode: str, env_threads: int = 1) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, num_envs: int, autoreset_mode: str, host_options: dict) -> None:
         from gymnasium.vector import AutoresetMode
 
         from .. import envs as _envs  # noqa: F401  (registers aiovec/* ids on this node)
         from ..worker import EnvHost
 
         self.views = local_views(obs_space, action_space, num_envs)
-        self.host = EnvHost(self.views, AutoresetMode(autoreset_mode), obs_space, action_space, env_threads)
+        self.host = EnvHost(self.views, AutoresetMode(autoreset_mode), obs_space, action_space, **host_options)
 
     def pid(self) -> int:
         import os
@@ -81,7 +81,7 @@ class RayWorker(WorkerHandle):
         self._closing = False
         self.pid: int | None = None
         self.actor = backend.actor_cls.options(**backend.actor_options).remote(
-            backend.obs_space, backend.action_space, backend.num_envs, backend.autoreset_mode, backend.env_threads
+            backend.obs_space, backend.action_space, backend.num_envs, backend.autoreset_mode, backend.host_options
         )
         self._track(self.actor.pid.remote(), ready=True)
 
@@ -152,8 +152,8 @@ class RayBackend(Backend):
     name = "ray"
 
     def __init__(self, obs_space: Any, action_space: Any, num_envs: int, autoreset_mode: str,
-                 address: str | None = None, actor_options: dict | None = None, env_threads: int = 1) -> None:
-        self.env_threads = env_threads
+                 address: str | None = None, actor_options: dict | None = None, host_options: dict | None = None) -> None:
+        self.host_options = host_options or {}
         self.obs_space, self.action_space, self.num_envs = obs_space, action_space, num_envs
         self.autoreset_mode = autoreset_mode
         self.started_ray = False
