@@ -14,11 +14,10 @@ from .vecenv import AsyncVecEnv
 _VEC_OPTIONS = frozenset(inspect.signature(AsyncVecEnv.__init__).parameters) - {"self", "env_fns"}
 
 
-def make(env_id: str, num_envs: int, *, env_kwargs: dict[str, Any] | None = None, **options: Any) -> AsyncVecEnv:
-    """``num_envs`` copies of ``gymnasium.make(env_id, **env_kwargs)`` in worker processes.
+def resolve(env_id: str, num_envs: int, env_kwargs: dict[str, Any] | None, options: dict[str, Any]) -> tuple[Any, dict, dict]:
+    """Check ``env_id``/``num_envs`` and split ``options``: ``(spec, env kwargs, vector-env kwargs)``.
 
-    Keyword arguments that :class:`AsyncVecEnv` knows (``num_workers``, ``batch_size``,
-    ``autoreset_mode``, ...) configure the vector env; all others go to ``gymnasium.make``.
+    Options :class:`AsyncVecEnv` knows configure the vector env; the rest go to ``gymnasium.make``.
     """
     if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
         raise ConfigError(f"num_envs must be a positive int, got {num_envs!r}")
@@ -28,6 +27,16 @@ def make(env_id: str, num_envs: int, *, env_kwargs: dict[str, Any] | None = None
         raise ConfigError(f"unknown env id {env_id!r}: {exc}") from None
     vec_kwargs = {k: v for k, v in options.items() if k in _VEC_OPTIONS}
     kwargs = {**(env_kwargs or {}), **{k: v for k, v in options.items() if k not in _VEC_OPTIONS}}
+    return spec, kwargs, vec_kwargs
+
+
+def make(env_id: str, num_envs: int, *, env_kwargs: dict[str, Any] | None = None, **options: Any) -> AsyncVecEnv:
+    """``num_envs`` copies of ``gymnasium.make(env_id, **env_kwargs)`` in worker processes.
+
+    Keyword arguments that :class:`AsyncVecEnv` knows (``num_workers``, ``batch_size``,
+    ``autoreset_mode``, ...) configure the vector env; all others go to ``gymnasium.make``.
+    """
+    spec, kwargs, vec_kwargs = resolve(env_id, num_envs, env_kwargs, options)
     # The spec travels with the factory, so envs registered in __main__ work in workers too.
     factory = functools.partial(gym.make, spec, **kwargs)
     return AsyncVecEnv([factory] * num_envs, **vec_kwargs)

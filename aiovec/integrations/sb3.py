@@ -38,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 from ..errors import ConfigError, EnvError
 from ..gym import VectorEnv
-from ..make import _VEC_OPTIONS
+from ..make import resolve
 from ..vecenv import AsyncVecEnv
 from ._factory import make_wrapped
 
@@ -278,17 +278,10 @@ def make_sb3_vec_env(
         env = make_sb3_vec_env("CartPole-v1", 4, seed=0, num_workers=2, max_episode_steps=200)
         obs = env.reset()                      # (4, 4); env.unwrapped is the SB3VecEnv
     """
-    if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
-        raise ConfigError(f"num_envs must be a positive int, got {num_envs!r}")
     mode = aiovec_options.pop("autoreset_mode", AutoresetMode.SAME_STEP)
     if AutoresetMode(mode) != AutoresetMode.SAME_STEP:
         raise ConfigError(f"SB3 needs autoreset_mode=SAME_STEP, got {mode!r}")
-    try:
-        spec = gym.spec(env_id)
-    except gym.error.Error as exc:
-        raise ConfigError(f"unknown env id {env_id!r}: {exc}") from None
-    vec_kwargs = {k: v for k, v in aiovec_options.items() if k in _VEC_OPTIONS}
-    kwargs = {**(env_kwargs or {}), **{k: v for k, v in aiovec_options.items() if k not in _VEC_OPTIONS}}
+    spec, kwargs, vec_kwargs = resolve(env_id, num_envs, env_kwargs, aiovec_options)
     factory = functools.partial(make_wrapped, spec, kwargs, wrapper_class, dict(wrapper_kwargs or {}))
     venv = SB3VecEnv(VectorEnv([factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP, **vec_kwargs))
     if seed is not None:
