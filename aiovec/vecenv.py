@@ -11,6 +11,7 @@ expire cannot lose or misattribute a result: it waits, ready, for a later ``recv
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import os
 import sys
@@ -288,6 +289,10 @@ class AsyncVecEnv:
         except BaseException:
             pool.kill_all()  # cancelled or failed mid-close: leave nothing running
             raise
+        # The executors' queues sit in reference cycles; collect them now so their named
+        # semaphores are gone when close() returns, not at some later collection.
+        del pool
+        gc.collect()
 
     def __del__(self) -> None:
         pool = getattr(self, "_pool", None)

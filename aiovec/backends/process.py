@@ -277,14 +277,21 @@ class ProcessWorker(WorkerHandle):
             if not await _wait_exit(self._loop, self._process, grace):
                 self.kill()
             self._finish(None, crashed=False)
-        # close() returns only once the executor's thread (which holds the queues) is gone.
+        # close() returns only once the executor's thread (which holds the queues) is gone. The
+        # process is dead or exiting by now, so this is quick, but it gets its own bound: a short
+        # close_timeout must not cut it off on a loaded machine.
         thread = self._manager
-        deadline = self._loop.time() + grace
+        deadline = self._loop.time() + max(grace, 5.0)
         while thread is not None and thread.is_alive() and self._loop.time() < deadline:
             await asyncio.sleep(0.005)
         if thread is not None and not thread.is_alive() and self._process is not None:
             self.exitcode = self._process.exitcode
-        self._executor = None  # type: ignore[assignment]  # drop the queues (and their semaphores) now
+        # Drop the queues (and their named semaphores) now: the executor, its finished thread
+        # object and its Process (through its args) all still reference them.
+        self._executor = None  # type: ignore[assignment]
+        self._manager = None
+        self._serve = None
+        self._process = None  # its args are the executor's queues
 
 
 async def _wait_exit(loop: asyncio.AbstractEventLoop, process: Any, timeout: float) -> bool:
