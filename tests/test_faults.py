@@ -450,6 +450,16 @@ def _descendants(pid: int) -> list[int]:
         return []
 
 
+def _reap_script(proc: subprocess.Popen, everything: list[int]) -> None:
+    """Teardown of a child-script test: the script and every process it started are gone."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    _kill_all(everything)
+    proc.stdout.close()
+    proc.stderr.close()
+
+
 def _kill_all(pids: list[int]) -> None:
     for pid in pids:
         try:
@@ -475,12 +485,7 @@ def test_workers_exit_when_the_parent_is_sigkilled(tmp_path: Path, clean, contex
         rest = wait_pids_gone(everything, 10.0)
         assert rest == [], f"helper processes {rest} outlived their SIGKILLed parent"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        _kill_all(everything)
-        proc.stdout.close()
-        proc.stderr.close()
+        _reap_script(proc, everything)
     assert_clean(clean)
 
 
@@ -515,12 +520,7 @@ def test_ctrl_c_stops_the_script_and_its_workers(tmp_path: Path, clean, busy: bo
         still = wait_pids_gone(pids, 5.0)
         assert still == [], f"workers {still} survived Ctrl-C of their parent"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        _kill_all(everything)
-        proc.stdout.close()
-        proc.stderr.close()
+        _reap_script(proc, everything)
     assert_clean(clean)
 
 
