@@ -8,11 +8,30 @@ from collections.abc import Sequence
 
 
 class AiovecError(Exception):
-    """Base class of every error aiovec raises."""
+    """Base class of every error aiovec raises: catch it to handle any of them.
+
+    >>> try:
+    ...     aiovec.make("NoSuchEnv-v0", 2)
+    ... except aiovec.AiovecError as exc:
+    ...     print(type(exc).__name__)
+    ConfigError
+    """
 
 
 class ConfigError(AiovecError, ValueError):
-    """An invalid constructor argument or environment factory."""
+    """An invalid constructor argument or environment factory, raised before any worker starts.
+
+    It is also a ``ValueError``.
+
+    >>> aiovec.make("CartPole-v1", 0)
+    Traceback (most recent call last):
+        ...
+    aiovec.errors.ConfigError: num_envs must be a positive int, got 0
+    >>> aiovec.make("CartPole-v1", 4, num_workers=-1)
+    Traceback (most recent call last):
+        ...
+    aiovec.errors.ConfigError: num_workers must be a positive int, got -1
+    """
 
 
 class EnvStateError(AiovecError, RuntimeError):
@@ -20,21 +39,71 @@ class EnvStateError(AiovecError, RuntimeError):
 
     Examples: sending to an env that already has a step in flight, ``recv``
     with nothing in flight, resetting an env whose result was not received.
+    Nothing is sent when it is raised; it is also a ``RuntimeError``.
+
+    >>> async def main():
+    ...     async with aiovec.make("CartPole-v1", 2, num_workers=1) as venv:
+    ...         await venv.reset(seed=0)
+    ...         venv.send(np.zeros(2, dtype=np.int64))
+    ...         try:
+    ...             venv.send(np.zeros(1, dtype=np.int64), env_ids=[1])  # env 1 is still stepping
+    ...         except aiovec.EnvStateError as exc:
+    ...             print(exc)
+    ...         await venv.drain()
+    >>> aiovec.run(main())
+    cannot send to env 1: it is stepping
     """
 
 
 class ClosedError(EnvStateError):
-    """The vector env was closed."""
+    """The vector env was closed; nothing more can be done with it but ``close()`` again.
+
+    >>> async def main():
+    ...     venv = aiovec.make("CartPole-v1", 2, num_workers=1)
+    ...     await venv.reset(seed=0)
+    ...     await venv.close()
+    ...     await venv.reset()
+    >>> aiovec.run(main())
+    Traceback (most recent call last):
+        ...
+    aiovec.errors.ClosedError: the vector env is closed
+    """
 
 
 class InvalidActionError(AiovecError, ValueError):
-    """Actions of the wrong count, shape, dtype or range; raised before anything is sent."""
+    """Actions of the wrong count, shape, dtype or range; raised before anything is sent.
+
+    It is also a ``ValueError``.
+
+    >>> async def main():
+    ...     async with aiovec.make("CartPole-v1", 4, num_workers=1) as venv:
+    ...         await venv.reset(seed=0)
+    ...         await venv.step(np.zeros(3, dtype=np.int64))  # 3 actions for 4 envs
+    >>> aiovec.run(main())
+    Traceback (most recent call last):
+        ...
+    aiovec.errors.InvalidActionError: ...
+    """
 
 
 class EnvError(AiovecError):
     """An exception raised inside an env's ``step``/``reset``/method, relayed from its worker.
 
     The worker survives; the env that raised must be reset before it is stepped again.
+
+    >>> async def main():
+    ...     async with aiovec.make("aiovec/Fault-v0", 2, num_workers=1, fault="raise", at_step=1) as venv:
+    ...         await venv.reset(seed=0)
+    ...         try:
+    ...             await venv.step(np.zeros(2, dtype=np.int64))
+    ...         except aiovec.EnvError as exc:
+    ...             print(exc.env_id, exc.exc_type, "injected fault" in exc.remote_traceback)
+    ...         await venv.drain()            # the other env's result was kept
+    ...         obs, _ = await venv.reset()   # the env that raised is usable again
+    ...         return obs.shape
+    >>> aiovec.run(main())
+    0 RuntimeError True
+    (2, 4)
     """
 
     def __init__(self, env_id: int, exc_type: str, message: str, remote_traceback: str) -> None:
@@ -63,6 +132,17 @@ class WorkerCrashedError(AiovecError):
 
     ``env_ids`` are the envs it hosted, ``exitcode`` is negative for a signal,
     ``remote_traceback`` is what the worker reported before dying, if anything.
+    With ``max_restarts`` a new worker takes over instead, until the budget is spent.
+
+    >>> async def main():
+    ...     async with aiovec.make("aiovec/Fault-v0", 2, num_workers=1, fault="sigkill", at_step=1) as venv:
+    ...         await venv.reset(seed=0)
+    ...         try:
+    ...             await venv.step(np.zeros(2, dtype=np.int64))
+    ...         except aiovec.WorkerCrashedError as exc:
+    ...             print(exc.env_ids, exc.signal)
+    >>> aiovec.run(main())
+    (0, 1) 9
     """
 
     def __init__(
@@ -90,4 +170,21 @@ class WorkerCrashedError(AiovecError):
 
 
 class StepTimeoutError(AiovecError, asyncio.TimeoutError):
-    """A deadline expired. Nothing in flight is dropped: late results arrive later."""
+    """A deadline expired. Nothing in flight is dropped: late results arrive later.
+
+    It is also an ``asyncio.TimeoutError``. ``step_timeout=`` turns a hung worker into a crash instead.
+
+    >>> async def main():
+    ...     async with aiovec.make("aiovec/Sleep-v0", 2, num_workers=1, wait_ms=200) as venv:
+    ...         await venv.reset(seed=0)
+    ...         venv.send(np.zeros(2, dtype=np.int64))
+    ...         try:
+    ...             await venv.recv(2, timeout=0.01)
+    ...         except aiovec.StepTimeoutError:
+    ...             print("not yet")
+    ...         r = await venv.recv(2)   # the same two results, when they are ready
+    ...         return sorted(r.env_ids.tolist())
+    >>> aiovec.run(main())
+    not yet
+    [0, 1]
+    """

@@ -20,7 +20,26 @@ from .vecenv import AsyncVecEnv
 
 
 class VectorEnv(gym.vector.VectorEnv):
-    """Drop-in for ``gymnasium.vector.AsyncVectorEnv(env_fns, ...)``; same options as :class:`AsyncVecEnv`."""
+    """Drop-in for ``gymnasium.vector.AsyncVectorEnv(env_fns, ...)``; same options as :class:`AsyncVecEnv`.
+
+    A ``gymnasium.vector.VectorEnv`` for synchronous code: gymnasium's vector wrappers work on top,
+    and for the same seeds and actions the results equal ``SyncVectorEnv``'s. It runs the async
+    env on a private event loop in a thread, so it also works in threads and in Jupyter cells.
+
+    >>> fns = [lambda: gym.make("CartPole-v1")] * 4
+    >>> envs = gym.wrappers.vector.RecordEpisodeStatistics(aiovec.VectorEnv(fns, num_workers=2))
+    >>> ref = gym.vector.SyncVectorEnv(fns)
+    >>> obs, infos = envs.reset(seed=0)
+    >>> ref_obs, _ = ref.reset(seed=0)
+    >>> for t in range(100):
+    ...     actions = np.array([t % 2, 0, 1, (t // 3) % 2])
+    ...     obs, rewards, terms, truncs, infos = envs.step(actions)
+    ...     ref_obs, *_ = ref.step(actions)
+    ...     assert (obs == ref_obs).all()
+    >>> envs.num_envs, envs.metadata["autoreset_mode"].name, "episode" in infos or t
+    (4, 'NEXT_STEP', ...)
+    >>> envs.close(); ref.close()
+    """
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], **options: Any) -> None:
         self._init_with(AsyncVecEnv(env_fns, **options))
@@ -71,34 +90,97 @@ class VectorEnv(gym.vector.VectorEnv):
         return self._venv
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        """Reset all envs, or those in ``options["reset_mask"]``; ``seed``: an int (env i gets seed + i) or one per env.
+
+        >>> envs = aiovec.make_vec("CartPole-v1", 3, num_workers=1)
+        >>> obs, infos = envs.reset(seed=[5, 6, 7])
+        >>> again, _ = envs.reset(seed=[5, None, None], options={"reset_mask": np.array([True, False, False])})
+        >>> obs.shape, bool((again[0] == obs[0]).all())
+        ((3, 4), True)
+        >>> envs.close()
+        """
         return self._run(self._venv.reset(seed=seed, options=options))
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """Step every env; gymnasium's 5-tuple with rows in env order and autoreset per ``autoreset_mode``.
+
+        >>> envs = aiovec.make_vec("CartPole-v1", 2, num_workers=1, autoreset_mode="SameStep")
+        >>> _ = envs.reset(seed=0)
+        >>> for _ in range(200):
+        ...     obs, rewards, terms, truncs, infos = envs.step(np.zeros(2, dtype=np.int64))
+        ...     if terms.any():
+        ...         break
+        >>> sorted(k for k in infos if not k.startswith("_"))     # SAME_STEP: the final obs is in infos
+        ['final_info', 'final_obs']
+        >>> envs.close()
+        """
         return self._run(self._venv.step(actions))
 
     def call(self, name: str, *args: Any, env_ids: Sequence[int] | None = None, **kwargs: Any) -> tuple[Any, ...]:
+        """Call ``env.name(*args, **kwargs)`` (or read the attribute) in each env, or in those in ``env_ids``.
+
+        >>> envs = aiovec.make_vec("CartPole-v1", 3, num_workers=1)
+        >>> envs.call("get_wrapper_attr", "gravity", env_ids=[2])
+        (9.8,)
+        >>> envs.close()
+        """
         return self._run(self._venv.call(name, *args, env_ids=env_ids, **kwargs))
 
     def get_attr(self, name: str, env_ids: Sequence[int] | None = None) -> tuple[Any, ...]:
+        """Read attribute ``name`` of each env (or of those in ``env_ids``), through its wrappers.
+
+        >>> envs = aiovec.make_vec("CartPole-v1", 2, num_workers=1)
+        >>> [spec.id for spec in envs.get_attr("spec")]
+        ['CartPole-v1', 'CartPole-v1']
+        >>> envs.close()
+        """
         return self._run(self._venv.get_attr(name, env_ids=env_ids))
 
     def set_attr(self, name: str, values: Any, env_ids: Sequence[int] | None = None) -> None:
+        """Set attribute ``name`` on each env (or those in ``env_ids``): one value for all, or one per env.
+
+        >>> envs = aiovec.make_vec("CartPole-v1", 3, num_workers=1)
+        >>> envs.set_attr("gravity", 1.6, env_ids=[0, 2])
+        >>> envs.get_attr("gravity")
+        (1.6, 9.8, 1.6)
+        >>> envs.close()
+        """
         self._run(self._venv.set_attr(name, values, env_ids=env_ids))
 
     def render(self) -> tuple[Any, ...] | None:
+        """Each env's ``render()`` output (envs made with a ``render_mode``), in env order.
+
+        >>> envs = aiovec.make_vec("aiovec/Busy-v0", 2, num_workers=1, render_mode="rgb_array")  # CartPole's needs pygame
+        >>> _ = envs.reset(seed=0)
+        >>> [frame.shape for frame in envs.render()]
+        [(8, 8, 3), (8, 8, 3)]
+        >>> envs.close()
+        """
         return self.call("render")
 
     def resize(self, num_workers: int) -> None:
+        """Change the worker count; envs move at episode boundaries, trajectories stay the same.
+
+        >>> envs = aiovec.make_vec("CartPole-v1", 4, num_workers=1)
+        >>> _ = envs.reset(seed=0)
+        >>> envs.resize(2)
+        >>> envs.num_workers
+        2
+        >>> envs.close()
+        """
         self._run(self._venv.resize(num_workers))
 
     @property
     def num_workers(self) -> int:
+        """Worker processes currently running."""
         return self._venv.num_workers
 
     def stats(self) -> dict[str, Any]:
+        """:meth:`AsyncVecEnv.stats`: steps, steps/s, latency percentiles, per-worker figures."""
         return self._venv.stats()
 
     def close_extras(self, **kwargs: Any) -> None:
+        """Stop the workers, then the private loop and its thread (``close()`` calls this)."""
         try:
             if self._thread.is_alive():
                 asyncio.run_coroutine_threadsafe(self._venv.close(), self._loop).result()
@@ -121,7 +203,18 @@ class VectorEnv(gym.vector.VectorEnv):
 
 
 def make_vec(env_id: str, num_envs: int, **kwargs: Any) -> VectorEnv:
-    """``aiovec.make(...)`` behind the synchronous gymnasium ``VectorEnv`` API."""
+    """``aiovec.make(...)`` behind the synchronous gymnasium ``VectorEnv`` API.
+
+    The counterpart of ``gymnasium.make_vec``: options :class:`AsyncVecEnv` knows configure the
+    vector env, the rest go to ``gymnasium.make``.
+
+    >>> envs = aiovec.make_vec("Pendulum-v1", 4, num_workers=2, g=9.81)
+    >>> obs, infos = envs.reset(seed=1)
+    >>> obs, rewards, terms, truncs, infos = envs.step(np.zeros((4, 1), dtype=np.float32))
+    >>> obs.shape, rewards.dtype, envs.num_workers
+    ((4, 3), dtype('float64'), 2)
+    >>> envs.close()
+    """
     from .make import make
 
     return VectorEnv.wrap(make(env_id, num_envs, **kwargs))

@@ -35,6 +35,21 @@ def make(env_id: str, num_envs: int, *, env_kwargs: dict[str, Any] | None = None
 
     Keyword arguments that :class:`AsyncVecEnv` knows (``num_workers``, ``batch_size``,
     ``autoreset_mode``, ...) configure the vector env; all others go to ``gymnasium.make``.
+    A bad env id or option is a ``ConfigError`` at once, before any worker starts.
+
+    >>> async def main():
+    ...     venv = aiovec.make("CartPole-v1", 8, num_workers=2, max_episode_steps=20)  # the last goes to gym.make
+    ...     async with venv:
+    ...         await venv.reset(seed=0)
+    ...         for _ in range(20):
+    ...             _, _, terms, truncs, _ = await venv.step(np.ones(8, dtype=np.int64) * (np.arange(8) % 2))
+    ...         return venv.num_envs, venv.num_workers, venv.single_observation_space.shape
+    >>> aiovec.run(main())
+    (8, 2, (4,))
+    >>> aiovec.make("CartPol-v1", 8)
+    Traceback (most recent call last):
+        ...
+    aiovec.errors.ConfigError: unknown env id 'CartPol-v1': ...
     """
     spec, kwargs, vec_kwargs = resolve(env_id, num_envs, env_kwargs, options)
     # The spec travels with the factory, so envs registered in __main__ work in workers too.

@@ -53,7 +53,21 @@ _STATE_NAMES = ("idle", "stepping", "ready (result not received yet)", "resettin
 
 
 class StepResult(NamedTuple):
-    """What ``recv`` returns: a batch of transitions and the env each row belongs to."""
+    """What ``recv`` returns: a batch of transitions and the env each row belongs to.
+
+    Row ``k`` of every field belongs to env ``env_ids[k]``; rows come in the order the
+    envs finished, and ``infos`` is batched over the same rows (gymnasium's ``_key`` masks).
+
+    >>> async def main():
+    ...     async with aiovec.make("CartPole-v1", 4, num_workers=2) as venv:
+    ...         await venv.reset(seed=0)
+    ...         venv.send(np.ones(4, dtype=np.int64))
+    ...         r = await venv.recv(3)
+    ...         await venv.drain()
+    ...         return r.obs.shape, r.rewards.tolist(), len(set(r.env_ids.tolist()))
+    >>> aiovec.run(main())
+    ((3, 4), [1.0, 1.0, 1.0], 3)
+    """
 
     obs: Any
     rewards: np.ndarray
@@ -98,6 +112,17 @@ class AsyncVecEnv:
             ``python -X dev``, or with ``AIOVEC_DEBUG=1``; off otherwise, it costs a check per step).
         spin: let idle workers poll briefly for the next command instead of sleeping at once
             (``"auto"``: only when the workers leave the parent a CPU of its own).
+
+    Lock-step, as gymnasium's vector envs (``aiovec.make(env_id, n)`` builds the same from an env id):
+
+    >>> async def main():
+    ...     fns = [lambda: gym.make("CartPole-v1")] * 4          # lambdas and closures are fine
+    ...     async with aiovec.AsyncVecEnv(fns, num_workers=2) as venv:
+    ...         obs, infos = await venv.reset(seed=0)
+    ...         obs, rewards, terminations, truncations, infos = await venv.step(np.zeros(4, dtype=np.int64))
+    ...         return obs.shape, rewards.tolist(), venv.num_workers
+    >>> aiovec.run(main())
+    ((4, 4), [1.0, 1.0, 1.0, 1.0], 2)
     """
 
     def __init__(
@@ -222,7 +247,20 @@ class AsyncVecEnv:
         await self.close()
 
     async def start(self) -> None:
-        """Start the workers (``async with`` and the first ``reset`` do this for you)."""
+        """Start the workers (``async with`` and the first ``reset`` do this for you).
+
+        Worker processes start in a helper thread, so the event loop keeps running meanwhile.
+
+        >>> async def main():
+        ...     venv = aiovec.make("CartPole-v1", 4, num_workers=2)
+        ...     before = venv.num_workers
+        ...     await venv.start()
+        ...     after = venv.num_workers
+        ...     await venv.close()
+        ...     return before, after
+        >>> aiovec.run(main())
+        (0, 2)
+        """
         self._check_open()
         if self._pool is not None:
             return
@@ -273,7 +311,20 @@ class AsyncVecEnv:
         return ProcessBackend(ctx, buffers, self.autoreset_mode.value, self._spin_s, self._host_options)
 
     async def close(self) -> None:
-        """Stop every worker (grace period ``close_timeout``, then kill). Idempotent; never hangs."""
+        """Stop every worker (grace period ``close_timeout``, then kill). Idempotent; never hangs.
+
+        Steps still in flight are abandoned; no process, thread or shared memory outlives it.
+
+        >>> async def main():
+        ...     venv = aiovec.make("CartPole-v1", 2, num_workers=1)
+        ...     await venv.reset(seed=0)
+        ...     venv.send(np.zeros(2, dtype=np.int64))   # closing with steps in flight is fine
+        ...     await venv.close()
+        ...     await venv.close()                        # and so is closing twice
+        ...     return venv.closed, venv.num_workers
+        >>> aiovec.run(main())
+        (True, 0)
+        """
         if self._closed:
             return
         self._closed = True
@@ -301,6 +352,7 @@ class AsyncVecEnv:
 
     @property
     def closed(self) -> bool:
+        """Whether ``close()`` was called."""
         return self._closed
 
     @property
@@ -316,6 +368,16 @@ class AsyncVecEnv:
         Envs being reset must not have a step in flight or an unreceived result
         (``EnvStateError``); with a ``reset_mask`` the other envs may keep stepping.
         Returns the observations of all envs and the infos of the reset ones.
+
+        >>> async def main():
+        ...     async with aiovec.make("CartPole-v1", 3, num_workers=1) as venv:
+        ...         obs, infos = await venv.reset(seed=7)             # env i gets seed 7 + i
+        ...         venv.send(np.zeros(2, dtype=np.int64), env_ids=[1, 2])
+        ...         again, _ = await venv.reset(seed=7, options={"reset_mask": np.array([True, False, False])})
+        ...         await venv.drain()                                # envs 1 and 2 kept stepping
+        ...         return obs.shape, bool((again[0] == obs[0]).all())
+        >>> aiovec.run(main())
+        ((3, 4), True)
         """
         await self.start()
         n = self.num_envs
@@ -370,7 +432,18 @@ class AsyncVecEnv:
         """Dispatch actions to idle envs (all envs when ``env_ids`` is None) and return at once.
 
         Everything is checked before anything is sent: env ids (exist, distinct,
-        idle) and actions (count, shape, dtype, range).
+        idle) and actions (count, shape, dtype, range). ``actions`` has one row per env
+        in ``env_ids``. Collect the results with ``recv``.
+
+        >>> async def main():
+        ...     async with aiovec.make("CartPole-v1", 4, num_workers=2) as venv:
+        ...         await venv.reset(seed=0)
+        ...         venv.send(np.ones(4, dtype=np.int64))              # every env starts a step
+        ...         first = await venv.recv(2)                          # the two that finish first
+        ...         venv.send(np.zeros(2, dtype=np.int64), first.env_ids)  # and at once they go again
+        ...         return sum(len(r.env_ids) for r in await venv.drain())
+        >>> aiovec.run(main())
+        4
         """
         self._check_started()
         ids = self._all if env_ids is None else self._check_env_ids(env_ids)
@@ -401,6 +474,22 @@ class AsyncVecEnv:
         Returns fewer only when fewer are outstanding. ``timeout`` bounds the whole
         call; on expiry ``StepTimeoutError`` is raised and nothing is lost. An env
         error or a worker crash is raised here, once, as ``EnvError``/``WorkerCrashedError``.
+
+        An EnvPool-style loop: 8 envs, act on whichever 4 finish first.
+
+        >>> async def main():
+        ...     async with aiovec.make("CartPole-v1", 8, num_workers=2, batch_size=4) as venv:
+        ...         await venv.reset(seed=0)
+        ...         venv.send(np.zeros(8, dtype=np.int64))
+        ...         steps = 0
+        ...         for _ in range(100):
+        ...             r = await venv.recv()                             # batch_size results
+        ...             steps += len(r.env_ids)
+        ...             venv.send(np.ones(len(r.env_ids), dtype=np.int64), r.env_ids)
+        ...         await venv.drain()
+        ...         return steps
+        >>> aiovec.run(main())
+        400
         """
         k = self.batch_size if batch_size is None else _positive_int(batch_size, "batch_size")
         self._check_started()
@@ -418,7 +507,18 @@ class AsyncVecEnv:
             await self._wait(deadline)
 
     async def drain(self, timeout: float | None = None) -> list[StepResult]:
-        """Receive everything outstanding (e.g. before a full reset in async mode)."""
+        """Receive everything outstanding (e.g. before a full reset in async mode).
+
+        >>> async def main():
+        ...     async with aiovec.make("CartPole-v1", 4, num_workers=2) as venv:
+        ...         await venv.reset(seed=0)
+        ...         venv.send(np.zeros(4, dtype=np.int64))
+        ...         results = await venv.drain(timeout=10.0)
+        ...         await venv.reset(seed=1)                              # every env idle again
+        ...         return sorted(i for r in results for i in r.env_ids.tolist())
+        >>> aiovec.run(main())
+        [0, 1, 2, 3]
+        """
         self._check_started()
         out = []
         while self._in_flight or self._ready:
@@ -430,6 +530,19 @@ class AsyncVecEnv:
         """Step every env once and return gymnasium's 5-tuple, rows in env order.
 
         If cancelled, the step still completes and its results wait for ``recv()``.
+        Episodes reset automatically following ``autoreset_mode``.
+
+        >>> async def main():
+        ...     async with aiovec.make("CartPole-v1", 2, num_workers=1) as venv:
+        ...         await venv.reset(seed=0)
+        ...         episodes, t = 0, 0
+        ...         while episodes < 3:                                   # always push left: short episodes
+        ...             obs, rewards, terms, truncs, infos = await venv.step(np.zeros(2, dtype=np.int64))
+        ...             episodes += int(terms.sum() + truncs.sum())
+        ...             t += 1
+        ...         return obs.shape, t < 50
+        >>> aiovec.run(main())
+        ((2, 4), True)
         """
         self._check_started()
         if self._in_flight or self._ready:
@@ -444,15 +557,43 @@ class AsyncVecEnv:
 
     # -- attributes and methods ---------------------------------------------------------
     async def call(self, name: str, *args: Any, env_ids: Sequence[int] | None = None, **kwargs: Any) -> tuple[Any, ...]:
-        """Call ``env.name(*args, **kwargs)`` (or read the attribute) in each env; results in env order."""
+        """Call ``env.name(*args, **kwargs)`` (or read the attribute) in each env; results in env order.
+
+        ``env_ids`` picks a subset. Envs may be stepping meanwhile; an exception in one env
+        is raised as ``EnvError`` naming it.
+
+        >>> async def main():
+        ...     async with aiovec.make("CartPole-v1", 3, num_workers=1) as venv:
+        ...         await venv.reset(seed=0)
+        ...         return await venv.call("get_wrapper_attr", "gravity", env_ids=[0, 2])
+        >>> aiovec.run(main())
+        (9.8, 9.8)
+        """
         return await self._call("call", name, (args, kwargs), env_ids)
 
     async def get_attr(self, name: str, env_ids: Sequence[int] | None = None) -> tuple[Any, ...]:
-        """Read attribute ``name`` of each env."""
+        """Read attribute ``name`` of each env (or of those in ``env_ids``), through its wrappers.
+
+        >>> async def main():
+        ...     async with aiovec.make("CartPole-v1", 2, num_workers=1) as venv:
+        ...         specs = await venv.get_attr("spec", env_ids=[1])
+        ...         return specs[0].id, await venv.get_attr("gravity")
+        >>> aiovec.run(main())
+        ('CartPole-v1', (9.8, 9.8))
+        """
         return await self._call("get", name, None, env_ids)
 
     async def set_attr(self, name: str, values: Any, env_ids: Sequence[int] | None = None) -> None:
-        """Set attribute ``name`` on each env: one value for all, or a list with one per env."""
+        """Set attribute ``name`` on each env: one value for all, or a list with one per env.
+
+        >>> async def main():
+        ...     async with aiovec.make("CartPole-v1", 3, num_workers=1) as venv:
+        ...         await venv.set_attr("gravity", [9.8, 1.6, 3.7])   # one value per env
+        ...         await venv.set_attr("gravity", 24.8, env_ids=[0])  # one value for a subset
+        ...         return await venv.get_attr("gravity")
+        >>> aiovec.run(main())
+        (24.8, 1.6, 3.7)
+        """
         ids = self._all if env_ids is None else self._check_env_ids(env_ids)
         if not isinstance(values, (list, tuple)):
             values = [values] * len(ids)
@@ -482,7 +623,18 @@ class AsyncVecEnv:
         New workers start at once; each env moves only when it is idle at an episode
         boundary, carrying its ``np_random``, so no transition is lost, duplicated or
         reordered and every trajectory is the one it would have been without the move.
-        Workers left without envs exit. ``num_workers`` tells the current count.
+        Workers left without envs exit. ``num_workers`` tells the current count,
+        ``pending_moves`` how many envs still wait for their episode to end.
+
+        >>> async def main():
+        ...     async with aiovec.make("CartPole-v1", 4, num_workers=1) as venv:
+        ...         await venv.reset(seed=0)
+        ...         await venv.resize(2)
+        ...         for _ in range(600):                                  # every env ends an episode
+        ...             await venv.step(np.zeros(4, dtype=np.int64))
+        ...         return venv.num_workers, venv.pending_moves, venv.stats()["moves"] >= 1
+        >>> aiovec.run(main())
+        (2, 0, True)
         """
         await self.start()
         await self._pool.resize(_positive_int(num_workers, "num_workers"))  # type: ignore[union-attr]
@@ -505,7 +657,20 @@ class AsyncVecEnv:
 
     # -- stats --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Steps, steps/s, batch latency percentiles (seconds), and the same per worker."""
+        """Steps, steps/s, batch latency percentiles (seconds), and the same per worker.
+
+        Also the envs in flight or ready, and the counts of restarts, moves and recycled workers.
+
+        >>> async def main():
+        ...     async with aiovec.make("CartPole-v1", 4, num_workers=2) as venv:
+        ...         await venv.reset(seed=0)
+        ...         for _ in range(10):
+        ...             await venv.step(np.zeros(4, dtype=np.int64))
+        ...         s = venv.stats()
+        ...         return s["steps"], s["num_workers"], len(s["workers"]), s["steps_per_s"] > 0
+        >>> aiovec.run(main())
+        (40, 2, 2, True)
+        """
         snap = self._stats.snapshot()
         snap.update(num_envs=self.num_envs, num_workers=self.num_workers, in_flight=self._in_flight, ready=len(self._ready),
                     restarts=self._pool.restarts if self._pool is not None else 0,

@@ -55,17 +55,17 @@ class SB3VecEnv(VecEnv):
     ``reset_infos``. Seeds set with ``seed()`` and options set with ``set_options()`` are
     used by the next ``reset()`` only. Closing the adapter closes ``venv``.
 
-    Example::
-
-        import aiovec
-        from gymnasium.vector import AutoresetMode
-        from aiovec.integrations.sb3 import SB3VecEnv
-
-        env = SB3VecEnv(aiovec.make_vec("CartPole-v1", 4, autoreset_mode=AutoresetMode.SAME_STEP))
-        env.seed(0)
-        obs = env.reset()                        # (4, 4) float32
-        obs, rewards, dones, infos = env.step(env.action_space.sample()[None].repeat(4, 0))
-        env.close()
+    >>> from aiovec.integrations.sb3 import SB3VecEnv
+    >>> env = SB3VecEnv(aiovec.make_vec("CartPole-v1", 4, num_workers=2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+    >>> _ = env.seed(0)
+    >>> obs = env.reset()
+    >>> for _ in range(100):
+    ...     obs, rewards, dones, infos = env.step(np.zeros(4, dtype=np.int64))
+    ...     if dones.any():
+    ...         break
+    >>> obs.shape, rewards.dtype, sorted(infos[int(np.flatnonzero(dones)[0])])
+    ((4, 4), dtype('float32'), ['TimeLimit.truncated', 'terminal_observation'])
+    >>> env.close()
     """
 
     def __init__(self, venv: VectorEnv | AsyncVecEnv) -> None:
@@ -222,9 +222,11 @@ def unbatch_infos(infos: dict[str, Any], num_envs: int) -> list[dict[str, Any]]:
     Nested dicts (``final_info``, or ``final_obs`` of a Dict space) are unbatched too; numbers
     come back as Python scalars.
 
-    Example::
-
-        unbatch_infos({"x": np.array([1, 0]), "_x": np.array([True, False])}, 2) == [{"x": 1}, {}]
+    >>> unbatch_infos({"x": np.array([1, 0]), "_x": np.array([True, False])}, 2)
+    [{'x': 1}, {}]
+    >>> unbatch_infos({"final_info": {"t": np.array([0.0, 3.5]), "_t": np.array([False, True])},
+    ...                "_final_info": np.array([False, True])}, 2)
+    [{}, {'final_info': {'t': 3.5}}]
     """
     out: list[dict[str, Any]] = [{} for _ in range(num_envs)]
     for key, value in infos.items():
@@ -273,10 +275,13 @@ def make_sb3_vec_env(
     vector env, all others go to ``gymnasium.make`` (``max_episode_steps=...``). The
     autoreset mode is always ``SAME_STEP``.
 
-    Example::
-
-        env = make_sb3_vec_env("CartPole-v1", 4, seed=0, num_workers=2, max_episode_steps=200)
-        obs = env.reset()                      # (4, 4); env.unwrapped is the SB3VecEnv
+    >>> from stable_baselines3 import PPO
+    >>> env = make_sb3_vec_env("CartPole-v1", 4, seed=0, num_workers=2, max_episode_steps=200)
+    >>> model = PPO("MlpPolicy", env, n_steps=64, batch_size=64, n_epochs=1, seed=0, device="cpu")
+    >>> _ = model.learn(total_timesteps=512)
+    >>> model.num_timesteps, type(env.unwrapped).__name__
+    (512, 'SB3VecEnv')
+    >>> env.close()
     """
     mode = aiovec_options.pop("autoreset_mode", AutoresetMode.SAME_STEP)
     if AutoresetMode(mode) != AutoresetMode.SAME_STEP:

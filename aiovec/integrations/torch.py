@@ -44,13 +44,13 @@ def as_tensor(obs: Any, device: torch.device | str | None = None) -> Any:
     than the CPU the tensor is then moved there (that is one copy, to the device).
     Anything that is not a numpy array (an info value, ``None``) passes through.
 
-    Example::
-
-        arr = np.zeros((8, 4), dtype=np.float32)
-        t = as_tensor(arr)
-        t[0, 0] = 1.0
-        assert arr[0, 0] == 1.0
-        as_tensor({"pos": arr, "id": np.arange(8)})["id"].dtype   # torch.int64
+    >>> arr = np.zeros((8, 4), dtype=np.float32)
+    >>> t = as_tensor(arr)
+    >>> t[0, 0] = 1.0          # the tensor is the array: no copy was made
+    >>> float(arr[0, 0])
+    1.0
+    >>> as_tensor({"pos": arr, "id": np.arange(8)})["id"].dtype
+    torch.int64
     """
     if isinstance(obs, dict):
         return {k: as_tensor(v, device) for k, v in obs.items()}
@@ -71,10 +71,10 @@ def to_numpy_actions(actions: Any) -> Any:
     actions into its shared memory at once, so the tensor may change afterwards). numpy
     arrays and other values pass through.
 
-    Example::
-
-        to_numpy_actions(torch.tensor([0, 1, 1]))                       # array([0, 1, 1])
-        to_numpy_actions({"move": torch.zeros(2, 3), "fire": np.ones(2)})
+    >>> to_numpy_actions(torch.tensor([0, 1, 1]))
+    array([0, 1, 1])
+    >>> {k: v.shape for k, v in to_numpy_actions({"move": torch.zeros(2, 3), "fire": np.ones(2)}).items()}
+    {'move': (2, 3), 'fire': (2,)}
     """
     if isinstance(actions, torch.Tensor):
         return actions.detach().cpu().numpy()
@@ -88,7 +88,15 @@ def to_numpy_actions(actions: Any) -> Any:
 class TorchStepResult(NamedTuple):
     """What :meth:`TorchVecEnv.recv` returns: :class:`aiovec.StepResult` with tensors.
 
-    Example: ``r = await venv.recv(4); r.obs.shape[0] == len(r.env_ids) == 4``.
+    >>> async def main():
+    ...     async with TorchVecEnv(aiovec.make("CartPole-v1", 8, num_workers=2)) as venv:
+    ...         await venv.reset(seed=0)
+    ...         venv.send(torch.zeros(8, dtype=torch.int64))
+    ...         r = await venv.recv(4)
+    ...         await venv.drain()
+    ...         return type(r).__name__, r.obs.shape, r.rewards.dtype, r.env_ids.dtype
+    >>> aiovec.run(main())
+    ('TorchStepResult', torch.Size([4, 4]), torch.float32, torch.int64)
     """
 
     obs: Any
@@ -109,13 +117,19 @@ class TorchVecEnv:
     ``resize``, ``call``, ``close``, ...) is the wrapped env's; ``async with`` starts and
     closes it.
 
-    Example::
-
-        async with TorchVecEnv(aiovec.make("CartPole-v1", 8), device="cpu") as venv:
-            obs, _ = await venv.reset(seed=0)
-            venv.send(torch.ones(8, dtype=torch.int64))
-            r = await venv.recv(4)                     # the first 4 envs to finish
-            venv.send(torch.zeros(4, dtype=torch.int64), r.env_ids)
+    >>> policy = torch.nn.Linear(4, 2)
+    >>> async def main():
+    ...     async with TorchVecEnv(aiovec.make("CartPole-v1", 8, num_workers=2), device="cpu") as venv:
+    ...         obs, _ = await venv.reset(seed=0)
+    ...         with torch.no_grad():
+    ...             venv.send(policy(obs).argmax(-1))                  # tensors in
+    ...             for _ in range(50):
+    ...                 r = await venv.recv(4)                          # the first 4 envs to finish
+    ...                 venv.send(policy(r.obs).argmax(-1), r.env_ids)  # tensors out, and back in
+    ...         await venv.drain()
+    ...         return obs.dtype, r.obs.shape
+    >>> aiovec.run(main())
+    (torch.float32, torch.Size([4, 4]))
     """
 
     def __init__(self, async_venv: AsyncVecEnv, device: torch.device | str = "cpu", reward_dtype: torch.dtype = torch.float32) -> None:
