@@ -107,7 +107,8 @@ class AdaptiveController:
     parent, whichever binds), and each worker delivers ``1 / (t_cpu + t_blocked)``
     steps/s, so ``N = X * (t_cpu + t_blocked)``. Because per-step CPU hardly depends
     on N, "the env got heavier" is told apart from "the CPUs are oversubscribed"
-    (which shows as run-queue wait, and caps N). Growth is at most x2 per interval;
+    (which shows as run-queue wait, and caps N). Growth is at most x2 per interval,
+    except right after a regime change, when it goes to the model's target at once;
     shrinking needs ``shrink_votes`` consecutive votes unless the run queue is
     badly oversubscribed. Per-step costs are smoothed, and the smoothing restarts
     when the cost jumps (a regime change) so the controller re-adapts at once.
@@ -193,7 +194,8 @@ class AdaptiveController:
             self._votes = 0
             return Decision(n, f"hold (within 10%): {why}")
         if target > n:
-            target = min(target, 2 * n)
+            if not regime:  # after a regime change the fresh model is trusted at once: one move, not log2(N) moves
+                target = min(target, 2 * n)
             self._votes = 0
             return Decision(target, f"grow: {why}")
         if target < n:

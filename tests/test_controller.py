@@ -58,6 +58,17 @@ def test_reacts_to_a_change_of_env_cost_within_six_intervals() -> None:
     assert after[-1] <= 3
 
 
+def test_regrows_to_the_model_at_once_after_a_change_back_to_waiting() -> None:
+    # latency-bound -> CPU-bound -> latency-bound: the way back up must not crawl by x2 steps
+    ctrl = AdaptiveController()
+    n = converge(ctrl, 2, 15, cpus=2, t_cpu=1e-3, t_wait=20e-3, t_main=3e-5, num_envs=48)[-1]
+    n = converge(ctrl, n, 10, cpus=2, t_cpu=1e-3, t_wait=0.0, t_main=3e-5, num_envs=48)[-1]
+    assert n <= 3
+    back = converge(ctrl, n, 4, cpus=2, t_cpu=1e-3, t_wait=20e-3, t_main=3e-5, num_envs=48)
+    assert back[2] >= 38, back  # two intervals to confirm the change, then one jump
+    assert len(set(back[2:])) == 1
+
+
 def test_ignores_intervals_without_demand() -> None:
     ctrl = AdaptiveController()
     m = simulate(4, cpus=2, t_cpu=1e-3, t_wait=0.0, t_main=2e-5, num_envs=8)
