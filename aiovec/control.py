@@ -61,7 +61,7 @@ class ControlLoop:
             interval_s=dt, num_workers=self.venv._pool.target_workers, num_envs=self.venv.num_envs, steps=steps,
             cpu_per_step=cpu, blocked_per_step=max(0.0, wall - cpu - runq), runq_per_step=runq,
             main_cpu_per_step=(b.main_cpu - a.main_cpu) / per, demand=min(1.0, (b.busy - a.busy) / dt) if dt > 0 else 0.0,
-            cpus=self._cpus, settling=settling,
+            cpus=self._cpus, settling=settling, live_workers=self.venv.num_workers,
         )
 
     async def run(self) -> None:

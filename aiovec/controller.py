@@ -37,6 +37,7 @@ class Measurement:
     demand: float  # share of the interval in which the caller had steps in flight
     cpus: float  # CPUs available to this process
     settling: bool = False  # workers started or envs moved during the interval
+    live_workers: int = 0  # worker processes that hosted envs (retiring ones included); 0: same as num_workers
 
     @property
     def throughput(self) -> float:
@@ -136,6 +137,7 @@ class AdaptiveController:
         runq_cap: float = 0.10,
         main_limit: float = 0.85,
         smoothing: float = 0.5,
+        max_settling_skips: int = 3,
     ) -> None:
         if min_workers < 1 or (max_workers is not None and max_workers < min_workers):
             raise ValueError(f"need 1 <= min_workers <= max_workers, got {min_workers}, {max_workers}")
@@ -146,6 +148,8 @@ class AdaptiveController:
         self.runq_cap = runq_cap
         self.main_limit = main_limit
         self.alpha = smoothing
+        self.max_settling_skips = max_settling_skips
+        self._settling_skips = 0
         self._avg: tuple[float, float, float] | None = None  # (t_cpu, t_blocked, t_main)
         self._jumps = 0
         self._votes = 0
@@ -156,8 +160,12 @@ class AdaptiveController:
         n = m.num_workers
         if m.steps == 0 or m.demand < self.min_demand:
             return Decision(n, f"skipped: caller asked for steps only {m.demand:.0%} of the interval", measured=False)
-        if m.settling:
+        if m.settling and self._settling_skips < self.max_settling_skips:
+            # Envs move only at episode boundaries: with slow episodes a resize can take many
+            # intervals, and a controller that waits for all of them is blind meanwhile.
+            self._settling_skips += 1
             return Decision(n, "skipped: workers starting or envs moving", measured=False)
+        self._settling_skips = 0
         raw = (m.cpu_per_step, m.blocked_per_step, m.main_cpu_per_step)
         regime = ""
         if self._avg is None:
@@ -186,7 +194,8 @@ class AdaptiveController:
                f"each worker step {1e3 * (t_cpu + t_blk):.2f} ms -> {model:.1f} workers")
         share = m.runq_share
         if share > self.runq_cap and target >= n:
-            target = max(1, min(target, math.floor(n * (1 - share))))
+            running = max(n, m.live_workers)  # while envs move, retiring workers still compete for the CPUs
+            target = max(1, min(target, math.floor(running * (1 - share))))
             why += f"; run queue {share:.0%} of step time: capped"
         hi = min(self.max_workers or m.num_envs, m.num_envs)
         target = max(self.min_workers, min(hi, target))

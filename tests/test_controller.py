@@ -69,6 +69,26 @@ def test_regrows_to_the_model_at_once_after_a_change_back_to_waiting() -> None:
     assert len(set(back[2:])) == 1
 
 
+def test_is_not_blind_while_envs_take_long_to_move() -> None:
+    # Slow episodes keep envs moving for many intervals; the controller must still follow a change of cost.
+    ctrl = AdaptiveController(max_settling_skips=3)
+    n = converge(ctrl, 2, 10, cpus=2, t_cpu=1e-3, t_wait=0.0, t_main=3e-5, num_envs=32)[-1]
+    trace = []
+    for _ in range(8):
+        m = simulate(n, cpus=2, t_cpu=1e-3, t_wait=10e-3, t_main=3e-5, num_envs=32)
+        n = ctrl.decide(Measurement(**{**m.__dict__, "settling": True})).target
+        trace.append(n)
+    assert trace[:3] == [2, 2, 2]  # settling intervals are skipped first...
+    assert max(trace) >= 16, trace  # ...but not forever
+
+
+def test_run_queue_cap_counts_the_workers_still_running_while_envs_move() -> None:
+    # Target 3, but 7 retiring workers still host envs and cause the run-queue wait: no cap down to 1.
+    ctrl = AdaptiveController()
+    m = Measurement(1.0, 3, 32, 1800, 1e-3, 1e-3, 0.8e-3, 3e-5, 1.0, 2, live_workers=7)
+    assert ctrl.decide(m).target >= 3
+
+
 def test_ignores_intervals_without_demand() -> None:
     ctrl = AdaptiveController()
     m = simulate(4, cpus=2, t_cpu=1e-3, t_wait=0.0, t_main=2e-5, num_envs=8)
