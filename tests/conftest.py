@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -29,6 +32,26 @@ GUARD_S = 60.0  # a whole test coroutine
 WAIT_S = 30.0  # one await that could hang
 LOOPS = ("uvloop", "asyncio")
 SHM = "/dev/shm"
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example(filename: str) -> Iterator[Any]:
+    """Import ``examples/<filename>`` as a module for the duration of a fixture (yield from this).
+
+    It is registered in ``sys.modules`` meanwhile, so cloudpickle can send functions defined in
+    it (env factories) to worker processes by value.
+    """
+    name = "aiovec_example_" + Path(filename).stem
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / filename)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.modules.pop(name, None)
 
 
 # -- running coroutines -----------------------------------------------------------------

@@ -6,25 +6,14 @@ and its AsyncVectorEnv must give the same episodes and the same trained weights.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from conftest import assert_clean
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import assert_clean, load_example
 
 
 @pytest.fixture(scope="module")
 def cleanrl():
-    spec = importlib.util.spec_from_file_location("aiovec_example_cleanrl_ppo", ROOT / "examples" / "cleanrl_ppo.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # so env factories defined in it can be sent to workers
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop(spec.name, None)
+    yield from load_example("cleanrl_ppo.py")
 
 
 def _run(cleanrl, vector_env: str, seed: int, num_envs: int = 4):

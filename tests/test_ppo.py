@@ -5,28 +5,19 @@ Needs torch (CPU build), which the ``test`` extra must install.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import load_example
 
 import aiovec
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def ppo():
-    spec = importlib.util.spec_from_file_location("aiovec_example_ppo", ROOT / "examples" / "ppo.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # so cloudpickle can send its env factory to workers by value
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop(spec.name, None)
+    yield from load_example("ppo.py")
 
 
 def _cfg(ppo, tmp_path, *args: str):
