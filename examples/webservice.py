@@ -20,7 +20,8 @@ HTTP API (JSON everywhere; POST parameters may come as a JSON body, a form or th
     GET  /stats                       live stats of every rollout plus the server's loop lag; per rollout:
                                       num_workers, steps, steps_per_s (recent and since start), step latency
                                       percentiles, episodes_finished, recent episode returns, a time series
-                                      (?history=N points, default 120; 0 for none)
+                                      (?history=N points, default 120; 0 for none); loop lag over the
+                                      last ?lag_window_s=S seconds (default: the last 2000 samples)
     GET  /rollouts/{id}/episodes      finished episodes, newest last (?since=index, ?limit=N)
     GET  /rollouts/{id}/episodes/{n}  episode n: env, return, length, per-step rewards and the
                                       returns-to-go G_t = r_t + gamma G_{t+1} (?gamma=0.99)
@@ -242,25 +243,33 @@ class Rollout:
 
 
 class LoopLag:
-    """How late a periodic timer fires: the event loop's responsiveness, as the server sees it."""
+    """How late a periodic timer fires: the event loop's responsiveness, as the server sees it.
 
-    def __init__(self, interval: float = 0.05) -> None:
+    Measured with ``time.perf_counter`` (uvloop's ``loop.time()`` has only 1 ms resolution), so a sample is
+    the sleep's overshoot to within the loop's timer granularity; each is kept with its time so a summary
+    can cover just a recent window (``/stats?lag_window_s=10``: the last 10 s) instead of the server's life.
+    """
+
+    def __init__(self, interval: float = 0.05, keep: int = 2000) -> None:
         self.interval = interval
-        self.lags: deque[float] = deque(maxlen=2000)
+        self.samples: deque[tuple[float, float]] = deque(maxlen=keep)  # (when it fired, lag), seconds
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            t = loop.time()
+            t = time.perf_counter()
             await asyncio.sleep(self.interval)
-            self.lags.append(max(0.0, loop.time() - t - self.interval))
+            now = time.perf_counter()
+            self.samples.append((now, max(0.0, now - t - self.interval)))
 
-    def summary(self) -> dict[str, Any]:
-        if not self.lags:
-            return {"samples": 0}
-        a = np.asarray(self.lags)
-        p50, p99 = np.percentile(a, (50, 99))
-        return {"samples": len(a), "p50_s": float(p50), "p99_s": float(p99), "max_s": float(a.max())}
+    def summary(self, window_s: float | None = None) -> dict[str, Any]:
+        since = time.perf_counter() - window_s if window_s is not None else -math.inf
+        lags = [lag for t, lag in self.samples if t >= since]
+        out: dict[str, Any] = {"samples": len(lags), "interval_s": self.interval, "window_s": window_s}
+        if lags:
+            a = np.asarray(lags)
+            p50, p99 = np.percentile(a, (50, 99))
+            out.update({"p50_s": float(p50), "p99_s": float(p99), "max_s": float(a.max())})
+        return out
 
 
 # -- HTTP handlers ----------------------------------------------------------------------
@@ -308,6 +317,19 @@ def _int(params: dict[str, Any], name: str, default: int | None, lo: int, hi: in
         raise _bad(f"{name} must be an integer, got {v!r}") from None
     if v < lo or (hi is not None and v > hi):
         raise _bad(f"{name} must be in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
+    return v
+
+
+def _float(params: dict[str, Any], name: str, default: float | None, lo: float) -> float | None:
+    v = params.get(name, default)
+    if v is None or v == "":
+        return default
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        raise _bad(f"{name} must be a number, got {v!r}") from None
+    if not (math.isfinite(v) and v > lo):
+        raise _bad(f"{name} must be a finite number > {lo:g}, got {v!r}")
     return v
 
 
@@ -374,9 +396,10 @@ async def rollout_stats(request: web.Request) -> web.Response:
 
 async def all_stats(request: web.Request) -> web.Response:
     history = _int(dict(request.query), "history", 120, 0)
+    window = _float(dict(request.query), "lag_window_s", None, 0.0)
     return _json({
         "time": time.time(),
-        "server": {"loop_lag": request.app[LAG].summary()},
+        "server": {"loop_lag": request.app[LAG].summary(window)},
         "rollouts": [ro.stats(history=history) for ro in request.app[ROLLOUTS].values()],
     })
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -163,6 +164,9 @@ async def scenario(ws: Any, loop_name: str) -> dict:
                 assert resp.status == 400
             async with s.get(f"{base}/rollouts/99") as resp:
                 assert resp.status == 404
+            for bad in ("-1", "0", "soon", "nan"):
+                async with s.get(f"{base}/stats?lag_window_s={bad}") as resp:
+                    assert resp.status == 400 and "lag_window_s" in (await resp.json())["error"], bad
 
             async with s.post(f"{base}/rollouts", json={"env_id": "CartPole-v1", "num_envs": 8}) as resp:
                 assert resp.status == 201, await resp.text()
@@ -176,6 +180,11 @@ async def scenario(ws: Any, loop_name: str) -> dict:
             await asyncio.sleep(1.0)
             _, st1 = await get_json(s, f"{base}/rollouts/{rid}")
             idle_rate = (st1["steps"] - steps0) / (time.perf_counter() - t0)
+            _, whole = await get_json(s, f"{base}/stats?history=0")
+            _, recent = await get_json(s, f"{base}/stats?history=0&lag_window_s=0.5")
+            lag_all, lag_recent = whole["server"]["loop_lag"], recent["server"]["loop_lag"]
+            assert lag_recent["window_s"] == 0.5 and lag_all["window_s"] is None
+            assert 0 < lag_recent["samples"] <= 0.5 / lag_recent["interval_s"] + 1 < lag_all["samples"], (lag_recent, lag_all)
 
             # -- phase 1: saturating load (closed loop, as fast as answers come); phase 2: paced load
             phases = {
@@ -241,3 +250,43 @@ def test_webservice_under_load(ws, clean, loop_name):
               f"loop lag ({LAG_TICK_S * 1000:.0f} ms timer) p50 {lag['p50_ms']:.3f} ms, p99 {lag['p99_ms']:.3f} ms, max {lag['max_ms']:.2f} ms; "
               f"steps/s {ph['steps_per_s_no_http_load']:.0f} without / {ph['steps_per_s_under_http_load']:.0f} under this load")
     print(f"({report['num_workers_at_start']} worker(s) at start) -> {out}")
+
+
+def test_load_generator_quick(clean, tmp_path):
+    """examples/webservice_load.py --quick: server in its own process, every answer 200, nothing left behind.
+
+    Correctness only (no timing): each level's requests all answered 200 with the right content, the rollout
+    stepped during each level, every server exited cleanly with its workers, and the report renders.
+    """
+    from aiovec.bench.readme import web_block
+
+    out = tmp_path / "web.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "webservice_load.py"), "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads(out.read_text())
+    for key in ("machine", "server_loop", "env_id", "num_envs", "duration_s", "loop_lag_monitor", "phases"):
+        assert key in r, key
+    assert r["server_loop"] in ("uvloop", "asyncio") and r["quick"] is True
+    assert [p["kind"] for p in r["phases"]] == ["open", "open", "open", "closed"]
+    for p in r["phases"]:
+        name = p["name"]
+        assert p["requests"] > 0 and p["statuses"] == {"200": p["requests"]}, (name, p["statuses"])
+        assert p["bad_answers"] == [], (name, p["bad_answers"])
+        assert sum(e["n"] for e in p["per_endpoint"].values()) == p["requests"] == p["latency_ms"]["n"]
+        assert all(e["n"] > 0 for e in p["per_endpoint"].values()), name
+        for k in ("p50", "p99", "max"):
+            assert 0 < p["latency_ms"][k] < 10_000, (name, p["latency_ms"])
+        lag = p["server_loop_lag_ms"]
+        assert lag["samples"] > 0 and lag["startup"]["samples"] > 0 and lag["max"] >= lag["p99"] >= lag["p50"] >= 0, (name, lag)
+        # the window covers the load only: about duration / 50 ms samples, not the server's whole life
+        assert lag["samples"] <= r["duration_s"] / r["loop_lag_monitor"]["interval_s"] + 5, (name, lag)
+        steps = p["rollout_steps"]
+        assert steps["before"] <= steps["load_start"] < steps["load_end"] <= steps["after"], (name, steps)
+        assert p["stepped_during_load"] and p["steps_per_s_under_load"] > 0 and p["steps_per_s_no_load"] > 0, name
+        assert p["steps_seen_in_answers"][1] > 0, name
+        assert p["worker_pids"] and set(p["worker_pids"]) <= set(p["child_pids"]), name
+        assert p["server_exit_code"] == 0 and p["workers_gone_at_server_exit"] and p["leftover_pids"] == [], name
+        assert all(pid_gone(pid) for pid in p["child_pids"]), name
+    assert "| load |" in web_block(out)
+    assert_clean(clean)

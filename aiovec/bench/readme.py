@@ -4,6 +4,7 @@
     aiovec demo --output bench-results/demo
     python -m aiovec.bench ray --out bench-results/ray.json
     python examples/ppo_speedup.py           # examples/results/ppo_speedup/table.md
+    python examples/webservice_load.py --out bench-results/web.json
     python -m aiovec.bench.readme            # rewrites the blocks between the README's markers
 """
 
@@ -35,11 +36,44 @@ def demo_block(path: Path) -> str:
     return _table(json.loads(path.read_text()))
 
 
+def web_block(path: Path) -> str:
+    r = json.loads(path.read_text())
+    lag_mon = r["loop_lag_monitor"]
+
+    def k(x: float) -> str:
+        return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
+
+    lines = [
+        f"Machine: {r['machine']}. Server: `examples/webservice.py` in its own process ({r['server_loop']}), one rollout "
+        f"({r['env_id']} x{r['num_envs']}, {r['mode']}), a fresh server per level; load generator: "
+        f"`examples/webservice_load.py`, a separate process (aiohttp client), {r['duration_s']:g} s per level, "
+        "GETs of `/stats?history=120`, `/rollouts/{id}` and `/rollouts/{id}/episodes?limit=20` in turn.",
+        "",
+        "| load | requests/s | request latency p50 / p99 | server loop lag p50 / p99 | env steps/s under load / without |",
+        "|---|---|---|---|---|",
+    ]
+    for p in r["phases"]:
+        lat, lag = p["latency_ms"], p["server_loop_lag_ms"]
+        lines.append(f"| {p['name']} | {p['requests_per_s']:.0f} | {lat['p50']:.1f} / {lat['p99']:.1f} ms | "
+                     f"{lag['p50']:.1f} / {lag['p99']:.1f} ms | {k(p['steps_per_s_under_load'])} / {k(p['steps_per_s_no_load'])} |")
+    others = [p["cpu_percent"]["other_processes"] for p in r["phases"]]
+    lines += [
+        "",
+        "Paced levels are open-loop (each request's latency counts from its scheduled send time, queueing included); "
+        "the saturating level is closed-loop. Loop lag: how late the server's own "
+        f"{lag_mon['interval_s'] * 1000:.0f} ms timer fires ({lag_mon['clock']}), over each level's load window only"
+        + (f"; the loop's timers have {lag_mon['timer_granularity_ms']:g} ms granularity, so lags under ~1 ms are noise"
+           if lag_mon.get("timer_granularity_ms") else "")
+        + f". Other processes on the machine used {min(others):.0f}-{max(others):.0f}% of a CPU during the levels.",
+    ]
+    return "\n".join(lines)
+
+
 def replace(text: str, name: str, body: str) -> str:
-    pat = re.compile(rf"(<!-- {name} -->\n).*?(\n<!-- /{name} -->)", re.S)
+    pat = re.compile(rf"(<!-- {name} -->\n)(?:.*?\n)?(<!-- /{name} -->)", re.S)  # the body may be empty
     if not pat.search(text):
         raise SystemExit(f"README has no <!-- {name} --> block")
-    return pat.sub(lambda m: m.group(1) + body + m.group(2), text)
+    return pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
 
 
 def main(root: str = ".") -> None:
@@ -66,6 +100,9 @@ def main(root: str = ".") -> None:
         text = replace(text, "bench:ray", f"Machine: {r['machine']}; {r['repeats']} interleaved repeats of {r['duration_s']} s; medians.\n\n"
                        + r["table"] + f"\n\n`ray.init`: {r['ray_init_s']:.1f} s. Per-step overhead, one CartPole env: process backend "
                        f"+{r['overhead_us']['process']:.0f} us, Ray backend +{r['overhead_us']['ray']:.0f} us.")
+    web = base / "bench-results" / "web.json"
+    if web.exists():
+        text = replace(text, "bench:web", web_block(web))
     readme.write_text(text)
 
 
