@@ -21,7 +21,7 @@ import numpy as np
 import aiovec
 from aiovec.machine import available_cpus
 
-from .peers import PEERS, aiovec_runner, installed
+from .peers import PEERS, aiovec_runner, installed, puffer_mp
 
 
 @dataclass
@@ -31,6 +31,15 @@ class Case:
     n: int
     kwargs: dict = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # name -> aiovec runner for this case
+    peers: dict[str, Any] = field(default_factory=dict)  # peer name -> runner with its best settings for this case
+
+
+# PufferLib Multiprocessing: its recommended layout (one worker per core, batch_size = num_envs / 2, async) except
+# for CartPole, where one worker with all envs and batch_size = num_envs wins: its recv and its workers busy-wait, so
+# main + 1 worker fill 2 cores while a second worker would oversubscribe them. From interleaved sweeps on 2 cores of
+# 1-2 workers (and 4-16 with overwork=True: worse in the sweeps' medians) x batch num_envs or num_envs / 2; the
+# spinning makes every layout very sensitive to other load on the machine (one-off runs vary 10-100x).
+PUFFER_CARTPOLE = puffer_mp(num_workers=1)
 
 
 def cases(quick: bool) -> list[Case]:
@@ -44,11 +53,14 @@ def cases(quick: bool) -> list[Case]:
     ]
     if not quick:
         out.insert(1, Case("W1 CartPole (16)", "CartPole-v1", 16))
+    for case in out:
+        if case.env_id == "CartPole-v1":
+            case.peers["puffer_mp"] = PUFFER_CARTPOLE
     return out
 
 
 def run_case(case: Case, repeats: int, duration: float, peers: list[str]) -> dict[str, list[float]]:
-    runners = {name: PEERS[name] for name in peers}
+    runners = {name: case.peers.get(name, PEERS[name]) for name in peers}
     runners["aiovec"] = aiovec_runner("step")
     runners.update(case.extra)
     results: dict[str, list[float]] = {name: [] for name in runners}

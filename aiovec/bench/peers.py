@@ -8,6 +8,7 @@ installed are reported as skipped, never as zero.
 from __future__ import annotations
 
 import functools
+import importlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 import aiovec
+from aiovec.machine import available_cpus
 
 Runner = Callable[[str, int, dict, float], float]
 
@@ -136,10 +138,58 @@ async def _atimed(venv: Any, actions: list, duration: float, step: Callable, war
             return steps / (now - t0)
 
 
-def installed(name: str) -> bool:
-    if name == "sb3_subproc":
+def puffer_mp(num_workers: int | None = None, batch_size: int | None = None, overwork: bool = False,
+              zero_copy: bool = True) -> Runner:
+    """PufferLib's multiprocessing backend, ``pufferlib.vector.Multiprocessing`` (tested with PufferLib 2.0.2).
+
+    Each env is wrapped in ``pufferlib.emulation.GymnasiumPufferEnv``; ``num_envs / num_workers`` envs run one
+    after the other in each worker process (PufferLib's default start method). The runner drives ``send``/``recv``:
+    with ``batch_size < num_envs`` that is PufferLib's asynchronous mode, where ``recv`` returns the first
+    ``batch_size`` envs whose workers are done; every env ``recv`` returns counts as one step. Defaults follow
+    PufferLib's documented layout: one worker per physical core, ``batch_size = num_envs / 2``. Its workers and
+    its ``recv`` busy-wait, and ``overwork=True`` is its opt-in for more workers than physical cores.
+    """
+
+    def run(env_id: str, n: int, kwargs: dict, duration: float) -> float:
+        import psutil
+        import pufferlib.emulation
+        import pufferlib.vector
+
+        cores = min(n, available_cpus(), psutil.cpu_count(logical=False) or 1)
+        workers = num_workers or max(w for w in range(1, cores + 1) if n % w == 0)
+        batch = batch_size or (n // workers) * (workers // 2 if workers % 2 == 0 else 1)
+        creator = functools.partial(pufferlib.emulation.GymnasiumPufferEnv, env_creator=functools.partial(make_env, env_id, **kwargs))
+        venv = pufferlib.vector.make(creator, num_envs=n, backend=pufferlib.vector.Multiprocessing, num_workers=workers,
+                                     batch_size=batch, overwork=overwork, zero_copy=zero_copy)
         try:
-            import stable_baselines3  # noqa: F401
+            venv.async_reset(0)
+            venv.recv()
+            acts = _actions(venv.single_action_space, batch)
+
+            def step(a: np.ndarray) -> int:
+                venv.send(a)
+                return len(venv.recv()[5])  # env (agent) ids of the batch
+
+            return _timed(step, acts, duration)
+        finally:
+            venv.close()  # terminates the workers without joining them: reap them here
+            for proc in venv.processes:
+                proc.join(5)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+            venv.driver_env.close()
+
+    return run
+
+
+_IMPORTS = {"sb3_subproc": ("stable_baselines3",), "puffer_mp": ("pufferlib.vector", "pufferlib.emulation")}
+
+
+def installed(name: str) -> bool:
+    for module in _IMPORTS.get(name, ()):
+        try:
+            importlib.import_module(module)
         except Exception:
             return False
     return True
@@ -150,4 +200,5 @@ PEERS: dict[str, Runner] = {
     "gym_async": gym_async,
     "sb3_subproc": sb3_subproc,
     "seed_subproc": seed_subproc,
+    "puffer_mp": puffer_mp(),  # its default layout; core.py overrides it where a sweep found a better one
 }
