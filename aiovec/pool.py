@@ -123,7 +123,12 @@ class WorkerPool:
     def _on_ready(self, wid: int, reply: Any, error: BaseException | None) -> None:
         if reply is not None:
             self.workers[wid].ready = True
-            self.stats.worker(wid).pid = reply[2]
+            ws = self.stats.worker(wid)
+            ws.pid, ws.spin_s = reply[2] if isinstance(reply[2], tuple) else (reply[2], None)
+
+    def _on_tuned(self, wid: int, reply: Any, error: BaseException | None) -> None:
+        if reply is not None:
+            self.stats.worker(wid).spin_s = reply[2]["spin_s"]
 
     def _add_env(self, wid: int, env_id: int, state: dict | None) -> asyncio.Future:
         fut = self._loop.create_future()
@@ -261,6 +266,14 @@ class WorkerPool:
         self._plan()
         self.try_moves()
         self._stop_empty()
+
+    def tune(self, spin_s: float) -> None:
+        """Set the workers' spin: running workers (not those being retired) get a TUNE, new ones start with it."""
+        if not self.backend.set_spin(spin_s):
+            return
+        for wid, w in self.workers.items():
+            if wid not in self._retiring and w.handle.alive:
+                self._send(wid, (P.TUNE, {"spin_s": spin_s}), self._on_tuned)
 
     def _plan(self) -> None:
         active = sorted(w for w in self.workers if w not in self._retiring)

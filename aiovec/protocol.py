@@ -11,10 +11,12 @@ Parent -> worker: ``(op, *args)``
     RESET   (env_ids, seeds, options)
     CALL    (env_ids, kind, name, payload)   kind: "call" (payload=(args, kwargs)), "get", "set" (payload=values)
     CLOSE   ()
+    TUNE    (options,)                       transport settings that change while it runs: {"spin_s": seconds}
 
 Worker -> parent: ``(op, env_ids, payload, errors, timing)`` where ``errors`` is
 ``None`` or a list of ``(env_id, exc_type, message, traceback)`` and ``timing`` is
-``(cpu_s, wall_s, runq_s)`` for the whole command.
+``(cpu_s, wall_s, runq_s)`` for the whole command. READY's payload is the worker's pid, or
+``(pid, spin_s)`` from a worker that can spin; TUNE's is the settings now in effect.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-ADD, REMOVE, STEP, RESET, CALL, CLOSE, READY = range(7)
-OP_NAMES = ("add", "remove", "step", "reset", "call", "close", "ready")
+ADD, REMOVE, STEP, RESET, CALL, CLOSE, READY, TUNE = range(8)
+OP_NAMES = ("add", "remove", "step", "reset", "call", "close", "ready", "tune")
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 

@@ -38,6 +38,7 @@ class WorkerStats:
     cpu_s: float = 0.0  # CPU time inside the worker (thread_time)
     wall_s: float = 0.0  # wall time inside the worker, per command
     runq_s: float = 0.0  # time runnable but waiting for a CPU (Linux schedstat)
+    spin_s: float | None = None  # its poll after each reply, as the worker last confirmed (None: it cannot spin)
     latency: LatencyRing = field(default_factory=lambda: LatencyRing(1024))
 
     def record(self, nsteps: int, timing: tuple[float, float, float], latency: float) -> None:
@@ -58,6 +59,7 @@ class WorkerStats:
             "cpu_per_step_s": self.cpu_s / per,
             "wall_per_step_s": self.wall_s / per,
             "runq_per_step_s": self.runq_s / per,
+            "spin_s": self.spin_s,
             "latency_s": self.latency.percentiles(),
         }
 

@@ -111,7 +111,7 @@ class AsyncVecEnv:
             raise ``EnvError`` naming the env (default: on in Python's development mode,
             ``python -X dev``, or with ``AIOVEC_DEBUG=1``; off otherwise, it costs a check per step).
         spin: let idle workers poll briefly for the next command instead of sleeping at once
-            (``"auto"``: only when the workers leave the parent a CPU of its own).
+            (``"auto"``: only while the workers leave the parent a CPU of its own, re-decided at each resize).
 
     Lock-step, as gymnasium's vector envs (``aiovec.make(env_id, n)`` builds the same from an env id):
 
@@ -209,6 +209,7 @@ class AsyncVecEnv:
         cpus = available_cpus()
         self._requested_workers = plan_workers(n, cost, cpus) if num_workers == "auto" else min(int(num_workers), n)
         self._spin_s = spin_for(self._requested_workers, cpus) if spin == "auto" else (SPIN_S if spin else 0.0)
+        self._spin_auto = spin == "auto"
         self.probe_cost = cost
         check_supported(self.single_observation_space, "observation space")
         check_supported(self.single_action_space, "action space")
@@ -637,7 +638,10 @@ class AsyncVecEnv:
         (2, 0, True)
         """
         await self.start()
-        await self._pool.resize(_positive_int(num_workers, "num_workers"))  # type: ignore[union-attr]
+        pool = self._pool
+        await pool.resize(_positive_int(num_workers, "num_workers"))  # type: ignore[union-attr]
+        if self._spin_auto and pool is self._pool and not pool.closing:  # spin only while the workers leave the parent a core
+            pool.tune(spin_for(pool.target_workers, int(pool.backend.cpus())))
 
     @property
     def pending_moves(self) -> int:
@@ -657,7 +661,7 @@ class AsyncVecEnv:
 
     # -- stats --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Steps, steps/s, batch latency percentiles (seconds), and the same per worker.
+        """Steps, steps/s, batch latency percentiles (seconds), and the same per worker (with its pid and spin).
 
         Also the envs in flight or ready, and the counts of restarts, moves and recycled workers.
 

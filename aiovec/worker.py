@@ -314,7 +314,7 @@ def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = 
     host = EnvHost(_buffers.views(), AutoresetMode(autoreset_mode), _buffers.obs_space, _buffers.action_space, **(host_options or {}))
     recv, send, poll = conn.recv_bytes, conn.send_bytes, conn.poll
     clock = time.perf_counter
-    send(P.encode((P.READY, (), os.getpid(), None, (0.0, 0.0, 0.0))))
+    send(P.encode((P.READY, (), (os.getpid(), spin_s), None, (0.0, 0.0, 0.0))))
     while True:
         if spin_s > 0:
             end = clock() + spin_s
@@ -326,7 +326,11 @@ def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = 
             # The parent is gone (or closed us without CLOSE): the executor's own queues
             # would keep this process waiting forever, so leave now.
             os._exit(0)
-        reply = host.handle(msg)
+        if msg[0] == P.TUNE:
+            spin_s = float(msg[1].get("spin_s", spin_s))
+            reply = (P.TUNE, (), {"spin_s": spin_s}, None, (0.0, 0.0, 0.0))
+        else:
+            reply = host.handle(msg)
         try:
             send(P.encode(reply))
         except (BrokenPipeError, OSError):

@@ -47,6 +47,7 @@ class Backend(ABC):
     """Starts workers for one vector env."""
 
     name: str = "?"
+    spin_s: float = 0.0  # how long a worker polls for its next command before sleeping
 
     @abstractmethod
     def start_worker(self, worker_id: int, on_reply: ReplyCallback, on_exit: ExitCallback) -> WorkerHandle:
@@ -57,6 +58,10 @@ class Backend(ABC):
         from ..machine import available_cpus
 
         return float(available_cpus())
+
+    def set_spin(self, spin_s: float) -> bool:
+        """Spin (poll for the next command) for ``spin_s`` after each reply; True if running workers must be told."""
+        return False
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the backend itself holds (after every worker stopped)."""

@@ -325,7 +325,11 @@ class ProcessBackend(Backend):
         self.ctx = ctx
         self.buffers = buffers
         self.autoreset_mode = autoreset_mode
-        self.spin_s = spin_s  # applies to workers started from now on
+        self.spin_s = spin_s  # for workers started from now on; running ones get a TUNE command
+
+    def set_spin(self, spin_s: float) -> bool:
+        changed, self.spin_s = spin_s != self.spin_s, spin_s
+        return changed
 
     def start_worker(self, worker_id: int, on_reply: ReplyCallback, on_exit: ExitCallback) -> WorkerHandle:
         return ProcessWorker(worker_id, self.ctx, self.buffers, self.autoreset_mode, self.spin_s, self.host_options, on_reply, on_exit)
