@@ -27,13 +27,14 @@ ReplyHandler = Callable[[int, tuple[Any, ...] | None, BaseException | None], Non
 
 
 class _Worker:
-    __slots__ = ("handle", "envs", "pending", "ready")
+    __slots__ = ("handle", "envs", "pending", "ready", "spin_s")
 
-    def __init__(self, handle: WorkerHandle) -> None:
+    def __init__(self, handle: WorkerHandle, spin_s: float) -> None:
         self.handle = handle
         self.envs: set[int] = set()
         self.pending: deque[tuple[int, float, ReplyHandler | None]] = deque()
         self.ready = False
+        self.spin_s = spin_s  # what it was started with or last told
 
 
 def split_envs(num_envs: int, num_workers: int) -> list[list[int]]:
@@ -115,7 +116,7 @@ class WorkerPool:
         handle = self.backend.start_worker(
             wid, lambda reply, wid=wid: self._on_reply(wid, reply), lambda code, tb, wid=wid: self._on_exit(wid, code, tb)
         )
-        w = self.workers[wid] = _Worker(handle)
+        w = self.workers[wid] = _Worker(handle, self.backend.spin_s)
         w.pending.append((P.READY, time.perf_counter(), self._on_ready))
         self.stats.worker(wid).pid = getattr(handle, "pid", None)
         return wid
@@ -268,11 +269,13 @@ class WorkerPool:
         self._stop_empty()
 
     def tune(self, spin_s: float) -> None:
-        """Set the workers' spin: running workers (not those being retired) get a TUNE, new ones start with it."""
-        if not self.backend.set_spin(spin_s):
+        """Set the workers' spin: new workers start with it, running ones (not those being retired) get a TUNE."""
+        if not self.backend.can_spin:
             return
+        self.backend.spin_s = spin_s
         for wid, w in self.workers.items():
-            if wid not in self._retiring and w.handle.alive:
+            if w.spin_s != spin_s and wid not in self._retiring and w.handle.alive:
+                w.spin_s = spin_s
                 self._send(wid, (P.TUNE, {"spin_s": spin_s}), self._on_tuned)
 
     def _plan(self) -> None:

@@ -638,10 +638,12 @@ class AsyncVecEnv:
         (2, 0, True)
         """
         await self.start()
-        pool = self._pool
-        await pool.resize(_positive_int(num_workers, "num_workers"))  # type: ignore[union-attr]
-        if self._spin_auto and pool is self._pool and not pool.closing:  # spin only while the workers leave the parent a core
-            pool.tune(spin_for(pool.target_workers, int(pool.backend.cpus())))
+        n, pool = _positive_int(num_workers, "num_workers"), self._pool
+        try:
+            await pool.resize(n)  # type: ignore[union-attr]
+        finally:
+            if self._spin_auto and pool is self._pool and not pool.closing:  # spin only while workers leave the parent a core
+                pool.tune(spin_for(pool.target_workers, available_cpus()))
 
     @property
     def pending_moves(self) -> int:

@@ -1,35 +1,45 @@
 """Workers spin (poll briefly for the next command) only while they leave the parent a CPU: the choice
-follows the worker count through resizes, as the workers themselves confirm, without disturbing results."""
+follows the worker count through resizes, as the workers themselves confirm, without disturbing results.
+
+The CPU count is pinned (2, or 4 for the revive case) so every machine exercises both settings.
+"""
 
 from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
+import pytest
 
 import aiovec
-from aiovec.autoconf import SPIN_S, spin_for
-from aiovec.machine import available_cpus
+import aiovec.vecenv
+from aiovec.autoconf import SPIN_S
 
 
-def spins(venv: aiovec.AsyncVecEnv) -> set:
-    return {w["spin_s"] for w in venv.stats()["workers"]}
+def spins(venv: aiovec.AsyncVecEnv) -> list:
+    return [w["spin_s"] for w in venv.stats()["workers"]]
 
 
-def test_auto_spin_follows_the_worker_count_and_results_stay_exact():
-    cpus = available_cpus()
-    hi, lo = cpus, max(1, cpus - 1)  # on 2 CPUs: 2 workers (no spin) <-> 1 worker (spin)
-    n = hi + 1
+@pytest.fixture
+def cpus(monkeypatch):
+    def pin(n: int) -> int:
+        monkeypatch.setattr(aiovec.vecenv, "available_cpus", lambda: n)
+        return n
+
+    return pin
+
+
+def test_auto_spin_follows_the_worker_count_and_results_stay_exact(cpus):
+    cpus(2)
+    n = 3
     ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])
     rng = np.random.default_rng(0)
 
-    async def main() -> list[int]:
-        counts = []
-        async with aiovec.make("CartPole-v1", n, num_workers=hi) as venv:
+    async def main() -> None:
+        async with aiovec.make("CartPole-v1", n, num_workers=2) as venv:
             obs, _ = await venv.reset(seed=0)
-            ref_obs, _ = ref.reset(seed=0)
-            np.testing.assert_array_equal(obs, ref_obs)
-            assert spins(venv) == {spin_for(hi, cpus)}
-            for target in (lo, hi, lo):
+            np.testing.assert_array_equal(obs, ref.reset(seed=0)[0])
+            assert spins(venv) == [0.0, 0.0]  # 2 workers on 2 CPUs: no spare core to spin on
+            for target, spin in ((1, SPIN_S), (2, 0.0), (1, SPIN_S)):
                 await venv.resize(target)
                 for _ in range(400):  # every env ends an episode, so every move completes
                     a = rng.integers(0, 2, n)
@@ -37,26 +47,41 @@ def test_auto_spin_follows_the_worker_count_and_results_stay_exact():
                     for g, w in zip(got[:4], want[:4]):
                         np.testing.assert_array_equal(g, w)
                 assert venv.num_workers == target and venv.pending_moves == 0
-                assert spins(venv) == {spin_for(target, cpus)}, venv.stats()["workers"]
-                counts.append(venv.num_workers)
-        return counts
+                assert spins(venv) == [spin] * target, venv.stats()["workers"]
 
-    assert aiovec.run(main()) == [lo, hi, lo]
+    aiovec.run(main())
     ref.close()
-    if cpus >= 2:  # a 1-CPU machine never spins; elsewhere both settings were exercised
-        assert spin_for(lo, cpus) == SPIN_S and spin_for(hi, cpus) == 0.0
 
 
-def test_explicit_spin_is_kept_through_resizes():
+def test_a_revived_worker_is_told_the_current_spin(cpus):
+    cpus(4)
+
+    async def main() -> None:
+        async with aiovec.make("CartPole-v1", 8, num_workers=4) as venv:
+            await venv.reset(seed=0)
+            assert spins(venv) == [0.0] * 4
+            await venv.resize(2)  # two workers retire once their envs move; the other two spin
+            await venv.resize(3)  # before any env moved: one retiring worker is kept after all
+            for _ in range(600):
+                await venv.step(np.zeros(8, dtype=np.int64))
+            assert venv.num_workers == 3 and venv.pending_moves == 0
+            assert spins(venv) == [SPIN_S] * 3, venv.stats()["workers"]
+
+    aiovec.run(main())
+
+
+def test_explicit_spin_is_kept_through_resizes(cpus):
+    cpus(2)
+
     async def main() -> None:
         for spin, expected in ((False, 0.0), (True, SPIN_S)):
             async with aiovec.make("CartPole-v1", 4, num_workers=1, spin=spin) as venv:
                 await venv.reset(seed=0)
-                assert spins(venv) == {expected}
+                assert spins(venv) == [expected]
                 await venv.resize(2)
                 await venv.resize(1)
                 for _ in range(600):
                     await venv.step(np.zeros(4, dtype=np.int64))
-                assert venv.num_workers == 1 and spins(venv) == {expected}
+                assert venv.num_workers == 1 and spins(venv) == [expected]
 
     aiovec.run(main())

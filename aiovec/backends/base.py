@@ -47,7 +47,8 @@ class Backend(ABC):
     """Starts workers for one vector env."""
 
     name: str = "?"
-    spin_s: float = 0.0  # how long a worker polls for its next command before sleeping
+    can_spin: bool = False  # workers can poll for their next command (TUNE changes how long) before sleeping
+    spin_s: float = 0.0  # that poll, for workers started from now on
 
     @abstractmethod
     def start_worker(self, worker_id: int, on_reply: ReplyCallback, on_exit: ExitCallback) -> WorkerHandle:
@@ -58,10 +59,6 @@ class Backend(ABC):
         from ..machine import available_cpus
 
         return float(available_cpus())
-
-    def set_spin(self, spin_s: float) -> bool:
-        """Spin (poll for the next command) for ``spin_s`` after each reply; True if running workers must be told."""
-        return False
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the backend itself holds (after every worker stopped)."""

@@ -318,6 +318,7 @@ class ProcessBackend(Backend):
     """The default backend: one process per worker, shared memory, fd wake-ups."""
 
     name = "process"
+    can_spin = True
 
     def __init__(self, ctx: Any, buffers: SharedBuffers, autoreset_mode: str, spin_s: float = 0.0,
                  host_options: dict | None = None) -> None:
@@ -326,10 +327,6 @@ class ProcessBackend(Backend):
         self.buffers = buffers
         self.autoreset_mode = autoreset_mode
         self.spin_s = spin_s  # for workers started from now on; running ones get a TUNE command
-
-    def set_spin(self, spin_s: float) -> bool:
-        changed, self.spin_s = spin_s != self.spin_s, spin_s
-        return changed
 
     def start_worker(self, worker_id: int, on_reply: ReplyCallback, on_exit: ExitCallback) -> WorkerHandle:
         return ProcessWorker(worker_id, self.ctx, self.buffers, self.autoreset_mode, self.spin_s, self.host_options, on_reply, on_exit)
