@@ -111,7 +111,9 @@ class AdaptiveController:
     (which shows as run-queue wait, and caps N). Growth is at most x2 per interval,
     except right after a regime change, when it goes to the model's target at once;
     shrinking needs ``shrink_votes`` consecutive votes unless the run queue is
-    badly oversubscribed. Per-step costs are smoothed, and the smoothing restarts
+    badly oversubscribed, and so does growing back to a count it shrank away from
+    in the last ``flap_window`` intervals (one noisy interval must not undo a
+    measured shrink). Per-step costs are smoothed, and the smoothing restarts
     when the cost jumps (a regime change) so the controller re-adapts at once.
 
     Envs that wait 9 ms per step and use 1 ms of CPU, on 2 CPUs: 2 / 1 ms = 2000 steps/s are
@@ -138,6 +140,7 @@ class AdaptiveController:
         main_limit: float = 0.85,
         smoothing: float = 0.5,
         max_settling_skips: int = 3,
+        flap_window: int = 40,
     ) -> None:
         if min_workers < 1 or (max_workers is not None and max_workers < min_workers):
             raise ValueError(f"need 1 <= min_workers <= max_workers, got {min_workers}, {max_workers}")
@@ -149,7 +152,11 @@ class AdaptiveController:
         self.main_limit = main_limit
         self.alpha = smoothing
         self.max_settling_skips = max_settling_skips
+        self.flap_window = flap_window
         self._settling_skips = 0
+        self._interval = 0  # measured intervals so far
+        self._left: dict[int, int] = {}  # worker count shrunk away from -> interval it happened
+        self._grow_votes = 0
         self._avg: tuple[float, float, float] | None = None  # (t_cpu, t_blocked, t_main)
         self._jumps = 0
         self._votes = 0
@@ -166,6 +173,7 @@ class AdaptiveController:
             self._settling_skips += 1
             return Decision(n, "skipped: workers starting or envs moving", measured=False)
         self._settling_skips = 0
+        self._interval += 1
         raw = (m.cpu_per_step, m.blocked_per_step, m.main_cpu_per_step)
         regime = ""
         if self._avg is None:
@@ -175,6 +183,8 @@ class AdaptiveController:
             self._jumps = self._jumps + 1 if not 0.8 <= ratio <= 1.25 else 0
             if self._jumps >= 2:
                 self._avg, self._jumps, self._votes = raw, 0, 0
+                if ratio > 1:  # heavier envs: counts left before may be right now. (Lighter ones are also
+                    self._left.clear()  # what a shrink itself shows: less contention, less blocked time.)
                 regime = "env cost changed; "
             else:
                 a = self.alpha
@@ -200,18 +210,27 @@ class AdaptiveController:
         hi = min(self.max_workers or m.num_envs, m.num_envs)
         target = max(self.min_workers, min(hi, target))
         if target != n and abs(target - n) < max(1.0, 0.1 * n):  # dead-band against churn at large N
-            self._votes = 0
+            self._votes = self._grow_votes = 0
             return Decision(n, f"hold (within 10%): {why}")
         if target > n:
+            self._votes = 0
             if not regime:  # after a regime change the fresh model is trusted at once: one move, not log2(N) moves
                 target = min(target, 2 * n)
-            self._votes = 0
+                left = [k for k, when in self._left.items() if n < k <= target and self._interval - when <= self.flap_window]
+                if left:
+                    self._grow_votes += 1
+                    if self._grow_votes < self.shrink_votes:
+                        return Decision(n, f"hold (grow vote {self._grow_votes}/{self.shrink_votes}: "
+                                           f"{min(left)} workers were left {self._interval - self._left[min(left)]} intervals ago): {why}")
+            self._grow_votes = 0
             return Decision(target, f"grow: {why}")
+        self._grow_votes = 0
         if target < n:
             self._votes += 1
             if self._votes < self.shrink_votes and share < 0.3:
                 return Decision(n, f"hold (shrink vote {self._votes}/{self.shrink_votes}): {why}")
             self._votes = 0
+            self._left[n] = self._interval
             return Decision(max(target, n // 2), f"shrink: {why}")
         self._votes = 0
         return Decision(n, f"hold: {why}")

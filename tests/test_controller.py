@@ -105,6 +105,45 @@ def test_shrinks_only_after_consecutive_votes() -> None:
     assert targets[:2] == [8, 8] and targets[2] < 8
 
 
+def test_one_noisy_interval_does_not_undo_a_measured_shrink() -> None:
+    # Cheap envs, parent-bound: 1 worker is right. Host steal shows up in a worker as time neither
+    # running nor runnable ("blocked"), which the model reads as waiting and answers with a grow.
+    cheap = {"cpus": 2, "t_cpu": 15e-6, "t_main": 14e-6, "num_envs": 16}
+    noisy = simulate(1, t_wait=25e-6, **cheap)
+    quiet = simulate(1, t_wait=0.0, **cheap)
+
+    fresh = AdaptiveController()
+    for _ in range(4):
+        assert fresh.decide(quiet).target == 1
+    assert fresh.decide(noisy).target == 2  # never measured 2 workers: the model is taken at its word
+
+    ctrl = AdaptiveController()
+    assert converge(ctrl, 2, 6, t_wait=0.0, **cheap)[-1] == 1  # shrank away from 2
+    first = ctrl.decide(noisy)
+    assert first.target == 1 and "grow vote 1/3" in first.reason
+    assert [ctrl.decide(quiet).target for _ in range(4)] == [1, 1, 1, 1]
+
+
+def test_the_cost_drop_a_shrink_itself_causes_keeps_the_shrink_remembered() -> None:
+    # After 2 -> 1 worker the per-step cost falls (no more contention): a "regime change" to lighter envs,
+    # which must not make the controller forget that 2 workers were measured and left.
+    ctrl = AdaptiveController()
+    assert converge(ctrl, 2, 6, cpus=2, t_cpu=15e-6, t_wait=0.0, t_main=14e-6, num_envs=16)[-1] == 1
+    lighter = {"cpus": 2, "t_cpu": 8e-6, "t_main": 14e-6, "num_envs": 16}
+    reasons = [ctrl.decide(simulate(1, t_wait=0.0, **lighter)).reason for _ in range(3)]
+    assert any("env cost changed" in r for r in reasons)
+    assert ctrl.decide(simulate(1, t_wait=25e-6, **lighter)).target == 1
+
+
+def test_a_shrunk_from_count_is_regrown_when_the_evidence_persists() -> None:
+    ctrl = AdaptiveController()
+    assert converge(ctrl, 2, 6, cpus=2, t_cpu=15e-6, t_wait=0.0, t_main=14e-6, num_envs=16)[-1] == 1
+    # the envs now wait on every step, interval after interval: held once, then a regime change
+    slow = simulate(1, cpus=2, t_cpu=15e-6, t_wait=25e-6, t_main=14e-6, num_envs=16)
+    first, second = ctrl.decide(slow), ctrl.decide(slow)
+    assert first.target == 1 and second.target >= 2 and "env cost changed" in second.reason
+
+
 def test_respects_bounds() -> None:
     ctrl = AdaptiveController(min_workers=3, max_workers=5)
     assert converge(ctrl, 4, 10, cpus=2, t_cpu=1e-5, t_wait=0.0, t_main=4e-5, num_envs=16)[-1] == 3
