@@ -7,6 +7,7 @@ and what ``num_workers="auto"`` means when no controller runs.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,23 +29,26 @@ class StepCost:
 
 
 def probe_step_cost(env: Any, max_steps: int = 20, max_s: float = 0.05) -> StepCost | None:
-    """Time up to ``max_steps`` random steps of ``env`` (at most ~``max_s``); None if it cannot step."""
+    """Time up to ``max_steps`` random steps of ``env`` (at most ~``max_s``); None if it cannot step.
+
+    The median step, not the mean: the first steps of a fresh env (lazy imports, caches) and a
+    preemption on a busy machine would otherwise decide the worker count.
+    """
     try:
         env.reset(seed=0)
         env.action_space.seed(0)
-        cpu = wall = 0.0
-        steps = 0
+        cpu: list[float] = []
+        wall: list[float] = []
         deadline = time.perf_counter() + max_s
-        while steps < max_steps and time.perf_counter() < deadline:
+        while len(wall) < max_steps and time.perf_counter() < deadline:
             action = env.action_space.sample()
             c0, w0 = time.thread_time(), time.perf_counter()
             _, _, term, trunc, _ = env.step(action)
-            cpu += time.thread_time() - c0
-            wall += time.perf_counter() - w0
-            steps += 1
+            cpu.append(time.thread_time() - c0)
+            wall.append(time.perf_counter() - w0)
             if term or trunc:
                 env.reset()
-        return StepCost(cpu / steps, wall / steps) if steps else None
+        return StepCost(statistics.median(cpu), statistics.median(wall)) if wall else None
     except Exception:
         return None
 
