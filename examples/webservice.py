@@ -307,29 +307,27 @@ async def _params(request: web.Request) -> dict[str, Any]:
     return out
 
 
-def _int(params: dict[str, Any], name: str, default: int | None, lo: int, hi: int | None = None) -> int | None:
+def _param(params: dict[str, Any], name: str, default: Any, cast: type, what: str) -> Any:
     v = params.get(name, default)
     if v is None or v == "":
         return default
     try:
-        v = int(v)
+        return cast(v)
     except (TypeError, ValueError):
-        raise _bad(f"{name} must be an integer, got {v!r}") from None
-    if v < lo or (hi is not None and v > hi):
+        raise _bad(f"{name} must be {what}, got {v!r}") from None
+
+
+def _int(params: dict[str, Any], name: str, default: int | None, lo: int, hi: int | None = None) -> int | None:
+    v = _param(params, name, default, int, "an integer")
+    if v is not None and (v < lo or (hi is not None and v > hi)):
         raise _bad(f"{name} must be in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
     return v
 
 
-def _float(params: dict[str, Any], name: str, default: float | None, lo: float) -> float | None:
-    v = params.get(name, default)
-    if v is None or v == "":
-        return default
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        raise _bad(f"{name} must be a number, got {v!r}") from None
-    if not (math.isfinite(v) and v > lo):
-        raise _bad(f"{name} must be a finite number > {lo:g}, got {v!r}")
+def _float(params: dict[str, Any], name: str, default: float | None, above: float) -> float | None:
+    v = _param(params, name, default, float, "a number")
+    if v is not None and not (math.isfinite(v) and v > above):
+        raise _bad(f"{name} must be a finite number > {above:g}, got {v!r}")
     return v
 
 
