@@ -3,6 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+
+_received: int | None = None
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # SIGTERM (kill, a CI timeout): the peers' workers have no parent-death signal and would outlive this
+    # process, and a peer's close() may wait forever on a call the signal cut short. Kill them, then unwind
+    # (every runner's finally closes its vector env, which now only reaps). Python drops an exception
+    # raised where it cannot propagate (a lock release, a __del__): main() and a timer make sure we exit.
+    global _received
+    _received = signum
+    for child in multiprocessing.active_children():
+        child.kill()
+    last_resort = threading.Timer(30.0, os._exit, (128 + signum,))
+    last_resort.daemon = True
+    last_resort.start()
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -13,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--duration", type=float, default=None, help="seconds per measurement")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if args.suite == "soak":
         from .soak import main as soak
 
@@ -24,8 +47,17 @@ def main(argv: list[str] | None = None) -> None:
         from .ray_bench import main as run
     else:
         from .controller import main as run
-    run(quick=args.quick, repeats=args.repeats, duration=args.duration, out=args.out)
+    try:
+        run(quick=args.quick, repeats=args.repeats, duration=args.duration, out=args.out)
+    except BaseException:
+        if _received is not None:  # whatever the unwinding ran into after the signal, it is a SIGTERM exit
+            raise SystemExit(128 + _received) from None
+        raise
+    finally:
+        # A SIGTERM inside a peer's constructor leaves that peer's workers with nobody to close them.
+        for child in multiprocessing.active_children():
+            child.kill()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

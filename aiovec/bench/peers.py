@@ -55,14 +55,24 @@ def _timed(step: Callable[[Any], int], actions: list, duration: float, warmup: f
 
 def _lockstep(venv: Any, env_id: str, n: int, kwargs: dict, duration: float, reset: Callable[[], Any]) -> float:
     """Time lock-step stepping of a synchronous peer, then close it."""
+    done = False
     try:
         reset()
         probe = gym.make(env_id, **kwargs)
         acts = _actions(probe.action_space, n)
         probe.close()
-        return _timed(lambda a: (venv.step(a), n)[1], acts, duration)
+        rate = _timed(lambda a: (venv.step(a), n)[1], acts, duration)
+        done = True
+        return rate
     finally:
-        venv.close()
+        try:
+            if isinstance(venv, gym.vector.AsyncVectorEnv):
+                venv.close(timeout=10)  # a call cut short (SIGTERM) is not waited for forever
+            else:
+                venv.close()
+        except Exception:
+            if done:
+                raise  # after an error or a SIGTERM, a failure to close must not hide it
 
 
 def gym_sync(env_id: str, n: int, kwargs: dict, duration: float) -> float:
