@@ -36,6 +36,10 @@ def demo_block(path: Path) -> str:
     return _table(json.loads(path.read_text()))
 
 
+def _span(lo: float, hi: float) -> str:
+    return f"{lo:.0f}" if round(lo) == round(hi) else f"{lo:.0f}-{hi:.0f}"
+
+
 def web_block(path: Path) -> str:
     r = json.loads(path.read_text())
     lag_mon = r["loop_lag_monitor"]
@@ -64,7 +68,7 @@ def web_block(path: Path) -> str:
         f"{lag_mon['interval_s'] * 1000:.0f} ms timer fires ({lag_mon['clock']}), over each level's load window only"
         + (f"; the loop's timers have {lag_mon['timer_granularity_ms']:g} ms granularity, so lags under ~1 ms are noise"
            if lag_mon.get("timer_granularity_ms") else "")
-        + f". Other processes on the machine used {min(others):.0f}-{max(others):.0f}% of a CPU during the levels.",
+        + f". Other processes on the machine used {_span(min(others), max(others))}% of a CPU during the levels.",
     ]
     return "\n".join(lines)
 
