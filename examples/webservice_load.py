@@ -6,7 +6,8 @@
 The server runs as its own process (``python examples/webservice.py``, on its default loop: uvloop where
 installed) and this process is only the load generator (an aiohttp client on uvloop), so the numbers are
 the server's, not a mix of client and server work on one loop. For each load level a *fresh* server is
-started, one rollout (CartPole-v1, 8 envs, lock-step) is launched over HTTP and, once it steps:
+started, one rollout (CartPole-v1, 8 envs, lock-step; ``--mode recv``: first-finished) is launched over HTTP
+and, once it steps:
 
 1. ``--settle`` / 2 s with no HTTP load (env steps/s without load, first part of the baseline);
 2. ``--duration`` s of load: a mix of the GETs a dashboard makes (``/stats?history=120``,
@@ -50,7 +51,7 @@ from aiovec.bench.core import machine
 
 HERE = Path(__file__).resolve().parent
 SERVER = HERE / "webservice.py"
-ENV_ID, NUM_ENVS, MODE = "CartPole-v1", 8, "step"
+ENV_ID, NUM_ENVS = "CartPole-v1", 8
 LAG_INTERVAL_S = 0.05  # examples/webservice.py: LoopLag(interval=0.05)
 REQUEST_TIMEOUT_S = 10.0
 
@@ -159,8 +160,8 @@ async def wait_up(s: aiohttp.ClientSession, base: str, proc: subprocess.Popen, t
     raise TimeoutError(f"the server did not answer {base}/stats within {timeout} s")
 
 
-async def start_rollout(s: aiohttp.ClientSession, base: str, timeout: float = 60.0) -> dict[str, Any]:
-    body = {"env_id": ENV_ID, "num_envs": NUM_ENVS, "mode": MODE}
+async def start_rollout(s: aiohttp.ClientSession, base: str, mode: str, timeout: float = 60.0) -> dict[str, Any]:
+    body = {"env_id": ENV_ID, "num_envs": NUM_ENVS, "mode": mode}
     async with s.post(f"{base}/rollouts", json=body) as resp:
         info = await resp.json()
         if resp.status != 201:
@@ -282,7 +283,7 @@ async def closed_loop(s: aiohttp.ClientSession, urls: list[tuple[str, str]], rec
 
 
 # -- one load level -------------------------------------------------------------------------
-async def phase(level: dict[str, Any], host: str, settle: float, duration: float) -> dict[str, Any]:
+async def phase(level: dict[str, Any], host: str, settle: float, duration: float, mode: str) -> dict[str, Any]:
     port = free_port(host)
     base = f"http://{host}:{port}"
     proc = start_server(host, port)
@@ -293,7 +294,7 @@ async def phase(level: dict[str, Any], host: str, settle: float, duration: float
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=100)) as s:
             t_launch = time.perf_counter()
             await wait_up(s, base, proc)
-            st = await start_rollout(s, base)
+            st = await start_rollout(s, base, mode)
             rid = st["id"]
             out["server_start_s"] = time.perf_counter() - t_launch
             server = psutil.Process(proc.pid)
@@ -379,7 +380,7 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
         "server_loop": "uvloop" if aiovec.loop.has_uvloop() else "asyncio",  # aiovec.run's default in the server
         "load_generator_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
         "python": platform.python_version(), "aiohttp": aiohttp.__version__,
-        "env_id": ENV_ID, "num_envs": NUM_ENVS, "mode": "lock-step" if MODE == "step" else MODE,
+        "env_id": ENV_ID, "num_envs": NUM_ENVS, "mode": "lock-step" if args.mode == "step" else "first-finished",
         "quick": args.quick, "settle_s": args.settle, "duration_s": args.duration,
         "endpoints": ["/stats?history=120", "/rollouts/{id}", "/rollouts/{id}/episodes?limit=20"],
         "loop_lag_monitor": {"interval_s": LAG_INTERVAL_S, "clock": "time.perf_counter",
@@ -389,7 +390,7 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
         "phases": [],
     }
     for level in levels(args.clients):
-        p = await phase(level, args.host, args.settle, args.duration)
+        p = await phase(level, args.host, args.settle, args.duration, args.mode)
         report["phases"].append(p)
         print(summary_line(p), flush=True)
     report["load_average_end"] = os.getloadavg()
@@ -405,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, help="seconds without load after each level, half that before (default 1.5, quick 0.4)")
     ap.add_argument("--clients", type=int, default=16, help="concurrent request loops of the saturating level")
     ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--mode", choices=["step", "recv"], default="step",
+                    help="the rollout: lock-step, or first-finished (half the envs per recv)")
     args = ap.parse_args(argv)
     args.duration = args.duration or (1.0 if args.quick else 10.0)
     args.settle = args.settle or (0.4 if args.quick else 1.5)
