@@ -99,6 +99,12 @@ async def _run(s: Scenario, num_workers: int | str, duration: float, max_workers
             "final_workers": final_workers, "controller_cpu_s": cost, "elapsed_s": elapsed}
 
 
+def _sweep(s: Scenario, duration: float, max_workers: int | None, key: str, samples: dict[int, list[float]]) -> None:
+    """One run per static worker count, its ``key`` rate appended to ``samples[workers]``."""
+    for w in s.statics:
+        samples[w].append(run(_run(s, w, duration, max_workers, live=False))[key])
+
+
 def run_demo(quick: bool = False, only: str | None = None, max_workers: int | None = None, output: str = "demo-output") -> dict:
     statics_s = 1.0 if quick else 2.5
     adaptive_s = 2.5 if quick else 7.0
@@ -116,13 +122,13 @@ def run_demo(quick: bool = False, only: str | None = None, max_workers: int | No
         print(f"\n== {s.title}: {s.num_envs} envs; static sweep {s.statics} "
               f"({dur * rounds:.1f}s each{', half before and half after the adaptive run' if rounds > 1 else ''})")
         key = "steps_per_s" if s.phase_s else "steady_steps_per_s"  # same measure for static and adaptive
-        samples: dict[int, list[float]] = {w: [run(_run(s, w, dur, max_workers, live=False))[key]] for w in s.statics}
+        samples: dict[int, list[float]] = {w: [] for w in s.statics}
+        _sweep(s, dur, max_workers, key, samples)
         ad_dur = 3 * s.phase_s if s.phase_s else adaptive_s
         print(f"  adaptive ({ad_dur:.0f}s):")
         ad = run(_run(s, "auto", ad_dur, max_workers, live=True))
         if rounds > 1:
-            for w in s.statics:
-                samples[w].append(run(_run(s, w, dur, max_workers, live=False))[key])
+            _sweep(s, dur, max_workers, key, samples)
         static = {w: float(np.mean(v)) for w, v in samples.items()}
         for w, v in samples.items():
             print(f"  static {w:3d} workers: {static[w]:8.0f} steps/s ({' / '.join(f'{x:.0f}' for x in v)})")

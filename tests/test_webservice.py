@@ -8,7 +8,6 @@ answered with sensible JSON, steps increasing, stop leaves no worker process, cl
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import assert_clean, pid_gone, wait
+from conftest import assert_clean, load_example, pid_gone, wait
 
 ROOT = Path(__file__).resolve().parents[1]
 LOAD_S = 4.0  # how long the saturating GET storm lasts
@@ -29,18 +28,9 @@ PACED_INTERVAL_S = 0.1
 LAG_TICK_S = 0.005
 
 
-def load_webservice():
-    spec = importlib.util.spec_from_file_location("aiovec_example_webservice", ROOT / "examples" / "webservice.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def ws():
-    yield load_webservice()
-    sys.modules.pop("aiovec_example_webservice", None)
+    yield from load_example("webservice.py")
 
 
 async def start_server(ws: Any) -> tuple[Any, str]:

@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 import pytest
-from conftest import assert_clean, pid_gone, run_on, wait
-from test_webservice import load_webservice, start_server
+from conftest import assert_clean, load_example, pid_gone, run_on, wait
+from test_webservice import start_server
 
 CHROMIUM = os.environ.get("AIOVEC_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -122,9 +122,13 @@ async def page_scenario(ws: Any, async_playwright: Any) -> dict:
     return {"steps": (steps1, steps2), "polls": polls2 - polls1, "charts": second}
 
 
-def test_live_page_in_chromium(clean):
+@pytest.fixture
+def ws():
+    yield from load_example("webservice.py")
+
+
+def test_live_page_in_chromium(clean, ws):
     async_playwright = require_browser()
-    ws = load_webservice()
     t0 = time.perf_counter()
     out = run_on("asyncio", page_scenario(ws, async_playwright), guard=90.0)
     assert_clean(clean)

@@ -12,6 +12,11 @@ import threading
 _received: int | None = None
 
 
+def _kill_children() -> None:
+    for child in multiprocessing.active_children():
+        child.kill()
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     # SIGTERM (kill, a CI timeout): the peers' workers have no parent-death signal and would outlive this
     # process, and a peer's close() may wait forever on a call the signal cut short. Kill them, then unwind
@@ -19,8 +24,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     # raised where it cannot propagate (a lock release, a __del__): main() and a timer make sure we exit.
     global _received
     _received = signum
-    for child in multiprocessing.active_children():
-        child.kill()
+    _kill_children()
     last_resort = threading.Timer(30.0, os._exit, (128 + signum,))
     last_resort.daemon = True
     last_resort.start()
@@ -54,9 +58,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(128 + _received) from None
         raise
     finally:
-        # A SIGTERM inside a peer's constructor leaves that peer's workers with nobody to close them.
-        for child in multiprocessing.active_children():
-            child.kill()
+        _kill_children()  # a peer interrupted inside its constructor has nobody to close its workers
 
 
 if __name__ == "__main__":

@@ -136,9 +136,12 @@ def machine() -> str:
     return f"{available_cpus()} CPUs ({cpu}), Python {platform.python_version()}, gymnasium {gym.__version__}, start method forkserver, {loop}"
 
 
+def kilo(x: float) -> str:
+    return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
+
+
 def fmt(xs: list[float]) -> str:
-    m = statistics.median(xs)
-    return f"{m / 1000:.1f}k" if m >= 1000 else f"{m:.0f}"
+    return kilo(statistics.median(xs))
 
 
 def main(quick: bool = False, repeats: int | None = None, duration: float | None = None, out: str | None = None) -> dict:

@@ -15,6 +15,8 @@ import re
 import sys
 from pathlib import Path
 
+from .core import kilo
+
 
 def core_block(path: Path) -> str:
     r = json.loads(path.read_text())
@@ -44,9 +46,6 @@ def web_block(path: Path) -> str:
     r = json.loads(path.read_text())
     lag_mon = r["loop_lag_monitor"]
 
-    def k(x: float) -> str:
-        return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
-
     lines = [
         f"Machine: {r['machine']}. Server: `examples/webservice.py` in its own process ({r['server_loop']}), one rollout "
         f"({r['env_id']} x{r['num_envs']}, {r['mode']}), a fresh server per level; load generator: "
@@ -59,7 +58,7 @@ def web_block(path: Path) -> str:
     for p in r["phases"]:
         lat, lag = p["latency_ms"], p["server_loop_lag_ms"]
         lines.append(f"| {p['name']} | {p['requests_per_s']:.0f} | {lat['p50']:.1f} / {lat['p99']:.1f} ms | "
-                     f"{lag['p50']:.1f} / {lag['p99']:.1f} ms | {k(p['steps_per_s_under_load'])} / {k(p['steps_per_s_no_load'])} |")
+                     f"{lag['p50']:.1f} / {lag['p99']:.1f} ms | {kilo(p['steps_per_s_under_load'])} / {kilo(p['steps_per_s_no_load'])} |")
     others = [p["cpu_percent"]["other_processes"] for p in r["phases"]]
     lines += [
         "",
