@@ -148,6 +148,10 @@ class WorkerPool:
                 self._send(wid, (P.CLOSE,), None)
         handles = [w.handle for w in self.workers.values()]
         await asyncio.gather(*(h.stop(grace) for h in handles), *self._stopping, return_exceptions=True)
+        # A worker that dies while closing (killed after the grace period) is reaped by _on_exit in a task
+        # of its own, started after the gather above: close() returns only once that one is done too.
+        while pending := [t for t in self._stopping if not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
         self.workers.clear()
         self.backend.close()
 
