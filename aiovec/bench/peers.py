@@ -23,7 +23,14 @@ Runner = Callable[[str, int, dict, float], float]
 
 
 def make_env(env_id: str, **kwargs: Any) -> gym.Env:
-    """Picklable by reference: importing this module in a peer's worker registers aiovec's envs."""
+    """Picklable by reference: importing this module in a peer's worker registers aiovec's envs.
+
+    Atari ids (``ALE/...``) register ale-py's envs first, in whatever process makes them.
+    """
+    if env_id.startswith("ALE/") and env_id not in gym.registry:
+        import ale_py
+
+        gym.register_envs(ale_py)
     return gym.make(env_id, **kwargs)
 
 

@@ -38,10 +38,10 @@ def _worker(remote: Any, parent_remote: Any, fn_bytes: bytes) -> None:
 class SeedSubprocVecEnv:
     def __init__(self, env_fns: list) -> None:
         ctx = mp.get_context("fork")
-        self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in env_fns])
+        self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in env_fns], strict=True)
         self.ps = [
             ctx.Process(target=_worker, args=(wr, r, cloudpickle.dumps(fn)), daemon=True)
-            for wr, r, fn in zip(work_remotes, self.remotes, env_fns)
+            for wr, r, fn in zip(work_remotes, self.remotes, env_fns, strict=True)
         ]
         for p in self.ps:
             p.start()
@@ -55,10 +55,10 @@ class SeedSubprocVecEnv:
         return np.stack([r.recv() for r in self.remotes])
 
     def step(self, actions: Any) -> tuple:
-        for r, a in zip(self.remotes, actions):
+        for r, a in zip(self.remotes, actions, strict=False):  # the seed's defect: fewer actions deadlock
             r.send(("step", a))
         results = [r.recv() for r in self.remotes]
-        obs, rews, dones, infos = zip(*results)
+        obs, rews, dones, infos = zip(*results, strict=True)
         return np.stack(obs), np.stack(rews), np.stack(dones), infos
 
     def close(self) -> None:

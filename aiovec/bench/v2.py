@@ -1,0 +1,229 @@
+"""``python -m aiovec.bench v2``: real envs, the floor, and the issue-12 targets, in one run.
+
+Per workload and repeat, in this order (so drift hits every runner alike): one env's
+step time in-process (the limit), gymnasium SyncVectorEnv, AsyncVectorEnv, EnvPool
+(where it has the task), aiovec defaults (after a warm-up), aiovec with the process
+backend forced (CartPole x8), the floor at each worker count of its sweep, and the
+floor at aiovec's worker count when the sweep did not cover it. Ratios are taken
+within a repeat (paired), then the median and min-max over repeats are reported.
+Then the loop-hold, constructor-stall and idle-kill soak checks.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import aiovec_runs, envpool_peer, limits, loophold, soak, stall
+from .core import kilo, machine
+from .floor import floor_runner, sweep_counts
+from .peers import gym_async, gym_sync
+from .workloads import Workload, select
+
+SECTIONS = ("loophold", "stall", "soak")
+
+
+def _span(xs: list[float], fmt: Callable[[float], str]) -> str:
+    """``median (min-max)``; a single value alone."""
+    if not xs:
+        return ""
+    med = fmt(statistics.median(xs))
+    return med if len(xs) == 1 else f"{med} ({fmt(min(xs))}-{fmt(max(xs))})"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def run_workload(w: Workload, repeats: int, duration: float, warmup: float, log: Callable[[str], None]) -> dict[str, Any]:
+    """Every runner on ``w``, interleaved over ``repeats``; raw figures per repeat, then paired ratios."""
+    counts = sweep_counts(w.n, w.waiting)
+    rates: dict[str, list[float]] = {"gym_sync": [], "gym_async": []}
+    if w.envpool and envpool_peer.installed():
+        rates["envpool"] = []
+    rates["aiovec"] = []
+    if w.process_forced:
+        rates["aiovec_process"] = []
+    for c in counts:
+        rates[f"floor_{c}"] = []
+    rates["floor_at_aiovec"] = []
+    workers: list[int] = []
+    placements: list[str] = []
+    limit_v: list[float] = []
+    limit_how = ""
+    for r in range(repeats):
+        t = limits.step_time(w.env_id, w.kwargs)
+        lim, limit_how = limits.limit(w.n, t)
+        limit_v.append(lim)
+        rates["gym_sync"].append(gym_sync(w.env_id, w.n, w.kwargs, duration))
+        rates["gym_async"].append(gym_async(w.env_id, w.n, w.kwargs, duration))
+        if "envpool" in rates:
+            rates["envpool"].append(envpool_peer.envpool_sync(w.env_id, w.n, w.kwargs, duration))
+        a = aiovec_runs.run(w.env_id, w.n, w.kwargs, duration, warmup)
+        rates["aiovec"].append(a.steps_per_s)
+        workers.append(a.workers)
+        placements.append(a.placement)
+        if w.process_forced:
+            rates["aiovec_process"].append(aiovec_runs.run(w.env_id, w.n, w.kwargs, duration, min(warmup, 0.5),
+                                                           **aiovec_runs.process_forced()).steps_per_s)
+        for c in counts:
+            rates[f"floor_{c}"].append(floor_runner(c)(w.env_id, w.n, w.kwargs, duration))
+        if a.workers >= 1:  # the floor at aiovec's own count: reuse the sweep's figure when it has one
+            same = f"floor_{a.workers}"
+            rates["floor_at_aiovec"].append(rates[same][-1] if same in rates else floor_runner(a.workers)(w.env_id, w.n, w.kwargs, duration))
+        log(f"  {w.key} repeat {r + 1}/{repeats}: aiovec {kilo(a.steps_per_s)} ({a.workers} workers, {a.placement})")
+    best = max(counts, key=lambda c: statistics.median(rates[f"floor_{c}"]))
+    floor_best = rates[f"floor_{best}"]
+    ours = rates["aiovec"]
+    ratios: dict[str, list[float]] = {
+        "aiovec/gym_sync": [a / b for a, b in zip(ours, rates["gym_sync"], strict=True)],
+        "aiovec/floor": [a / b for a, b in zip(ours, floor_best, strict=True)],
+        "aiovec/limit": [a / b for a, b in zip(ours, limit_v, strict=True)],
+        "floor/limit": [a / b for a, b in zip(floor_best, limit_v, strict=True)],
+    }
+    if len(rates["floor_at_aiovec"]) == len(ours):
+        ratios["aiovec/floor_at_aiovec"] = [a / b for a, b in zip(ours, rates["floor_at_aiovec"], strict=True)]
+    if "envpool" in rates:
+        ratios["aiovec/envpool"] = [a / b for a, b in zip(ours, rates["envpool"], strict=True)]
+    if w.process_forced:
+        ratios["aiovec_process/floor_1"] = [a / b for a, b in zip(rates["aiovec_process"], rates["floor_1"], strict=True)]
+    return {"env_id": w.env_id, "num_envs": w.n, "kwargs": w.kwargs, "steps_per_s": rates, "floor_best_workers": best,
+            "aiovec_workers": workers, "aiovec_placement": placements, "limit_steps_per_s": limit_v, "limit_basis": limit_how,
+            "ratios": ratios}
+
+
+COLUMNS = ("workload", "limit", "gym Sync", "gym Async", "EnvPool", "floor best (workers)", "floor @ aiovec's workers",
+           "aiovec defaults (workers)", "aiovec / Sync", "aiovec / floor", "aiovec / limit", "aiovec / EnvPool", "floor / limit")
+
+
+def table(workloads: dict[str, dict[str, Any]]) -> str:
+    """The workload table: medians with their min-max over repeats; ratios paired within each repeat."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for key, r in workloads.items():
+        s, q = r["steps_per_s"], r["ratios"]
+        best = r["floor_best_workers"]
+        w = sorted(set(r["aiovec_workers"]))
+        cells = [key, f"{_span(r['limit_steps_per_s'], kilo)} ({r['limit_basis']})", _span(s["gym_sync"], kilo),
+                 _span(s["gym_async"], kilo), _span(s.get("envpool", []), kilo) or "-",
+                 f"{_span(s[f'floor_{best}'], kilo)} ({best})", _span(s["floor_at_aiovec"], kilo) or "-",
+                 f"{_span(s['aiovec'], kilo)} ({'/'.join(map(str, w))})", _span(q["aiovec/gym_sync"], _ratio),
+                 _span(q["aiovec/floor"], _ratio), _span(q["aiovec/limit"], _ratio),
+                 _span(q.get("aiovec/envpool", []), _ratio) or "-", _span(q["floor/limit"], _ratio)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets that this run measured: what, the median value, the bound, and whether it holds."""
+    out: list[dict[str, Any]] = []
+
+    def add(what: str, value: float, bound: float, higher: bool = True) -> None:
+        ok = value >= bound if higher else value <= bound
+        out.append({"target": what, "value": value, "bound": bound, "holds": bool(ok)})
+
+    wl = report.get("workloads", {})
+    q = {k: v["ratios"] for k, v in wl.items()}
+    if "CartPole-v1 x8" in q:
+        add("CartPole-v1 x8 defaults / SyncVectorEnv >= 1.0", _median(q["CartPole-v1 x8"]["aiovec/gym_sync"]), 1.0)
+        add("process backend forced (1 worker, 8 CartPoles) / floor (1 worker) >= 0.8",
+            _median(q["CartPole-v1 x8"]["aiovec_process/floor_1"]), 0.8)
+    if "CartPole-v1 x64" in q:
+        add("CartPole-v1 x64 defaults / floor >= 0.9", _median(q["CartPole-v1 x64"]["aiovec/floor"]), 0.9)
+        add("CartPole-v1 x64 defaults / SyncVectorEnv >= 1.1", _median(q["CartPole-v1 x64"]["aiovec/gym_sync"]), 1.1)
+    for key, r in q.items():
+        if key.startswith(("HalfCheetah", "Ant")):
+            add(f"{key} defaults / 2-core limit >= 0.75", _median(r["aiovec/limit"]), 0.75)
+        elif key.startswith(("ALE/", "Sleep")):
+            add(f"{key} defaults / floor >= 0.9", _median(r["aiovec/floor"]), 0.9)
+    for case in report.get("loophold", {}).get("cases", []):
+        add(f"loop held, {case['name']}: p99 gap <= 1 ms", case["gaps"]["p99_ms"], 1.0, higher=False)
+    for case in report.get("stall", {}).get("cases", []):
+        add(f"constructor stall, {case['name']}: max gap <= 20 ms", case["gaps"]["max_ms"], 20.0, higher=False)
+    sk = report.get("soak")
+    if sk:
+        bad = sum(sk[k] for k in ("lost", "duplicated", "misattributed", "out_of_sequence", "hangs", "leaked_processes", "errors"))
+        add("soak with idle-time and mid-step kills: lost+duplicated+misattributed+out-of-sequence+hangs+leaks+errors == 0",
+            bad, 0, higher=False)
+    return out
+
+
+def core_commit() -> str:
+    """``git log -1 --oneline`` of the checkout the benchmark runs from, and whether its core has local changes."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "aiovec", ":!aiovec/bench")
+    return git("log", "-1", "--oneline") + (" (+ uncommitted core changes)" if dirty else "")
+
+
+def main(quick: bool = False, repeats: int | None = None, duration: float | None = None, out: str | None = None,
+         only: str | None = None) -> dict[str, Any]:
+    repeats = repeats or (1 if quick else 3)
+    duration = duration or (0.3 if quick else 1.0)
+    warmup = 0.5 if quick else 2.0
+    sections = [s for s in SECTIONS if only is None or only == s]
+    chosen = [] if only in SECTIONS else select(quick, only)
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {"machine": machine(), "core_commit": core_commit(), "quick": quick, "repeats": repeats,
+                              "duration_s": duration, "aiovec_warmup_s": warmup, "placement_option": aiovec_runs.has_option("placement"),
+                              "envpool": envpool_peer.installed(), "workloads": {}}
+    log(f"# aiovec v2 benchmark: {report['machine']}\n# core: {report['core_commit']}\n"
+        f"# {repeats} interleaved repeats x {duration} s (aiovec after {warmup} s warm-up); median (min-max)")
+    for w in chosen:
+        report["workloads"][w.key] = run_workload(w, repeats, duration, warmup, log)
+    if "loophold" in sections:
+        report["loophold"] = loophold.main(quick)
+    if "stall" in sections:
+        report["stall"] = stall.main(quick)
+    if "soak" in sections:
+        report["soak"] = soak.kill_phases(8.0 if quick else 30.0)
+    report["targets"] = targets(report)
+    report["table"] = table(report["workloads"])
+    report["elapsed_s"] = time.perf_counter() - t0
+    log("\n" + render_text(report))
+    if out:
+        with open(out, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """Everything after the header: the workload table, the process-forced row, the checks and the targets."""
+    lines = [report["table"]] if report["workloads"] else []
+    cp = report["workloads"].get("CartPole-v1 x8")
+    if cp:
+        lines.append(f"\nProcess backend forced (1 worker, 8 CartPoles): {_span(cp['steps_per_s']['aiovec_process'], kilo)} steps/s, "
+                     f"{_span(cp['ratios']['aiovec_process/floor_1'], _ratio)}x the floor with 1 worker.")
+    lh = report.get("loophold")
+    if lh:
+        lines.append(f"\nLoop held while aiovec steps ({lh['options']}); gaps between turns of a sleep(0) task:")
+        lines += [f"- {c['name']}: p50 {c['gaps']['p50_ms']:.3f} ms, p99 {c['gaps']['p99_ms']:.3f} ms, max {c['gaps']['max_ms']:.2f} ms; "
+                  f"{c['gaps']['turns']} side-task turns, {kilo(c['steps_per_s'])} env steps/s" for c in lh["cases"]]
+    st = report.get("stall")
+    if st:
+        lines.append("\nConstructor stall (4 envs whose constructor takes 0.5 s; construct, start, reset inside a running loop):")
+        lines += [f"- {c['name']}: max gap {c['gaps']['max_ms']:.1f} ms (p99 {c['gaps']['p99_ms']:.2f} ms) over {c['seconds']:.2f} s"
+                  + (f"; error: {c['error']}" if c.get("error") else "") for c in st["cases"]]
+    sk = report.get("soak")
+    if sk:
+        lines.append("\nSoak, lock-step with pauses, SIGKILLs in the pause and mid-step: "
+                     + ", ".join(f"{k} {v}" for k, v in sk.items() if not isinstance(v, dict | list)))
+    if report["targets"]:
+        lines.append("\nTargets:")
+        lines += [f"- [{'x' if t['holds'] else ' '}] {t['target']}: {t['value']:.3g}" for t in report["targets"]]
+    lines.append(f"\nElapsed: {report['elapsed_s']:.0f} s.")
+    return "\n".join(lines)
