@@ -15,6 +15,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from . import exits
 from .loop import has_uvloop
 from .vecenv import AsyncVecEnv
 
@@ -42,6 +43,7 @@ class VectorEnv(gym.vector.VectorEnv):
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], **options: Any) -> None:
+        exits.refuse_main_reimport()
         self._init_with(AsyncVecEnv(env_fns, **options))
 
     @classmethod
@@ -52,6 +54,7 @@ class VectorEnv(gym.vector.VectorEnv):
         return self
 
     def _init_with(self, venv: AsyncVecEnv) -> None:
+        exits.refuse_main_reimport()
         self._venv = venv
         if has_uvloop():
             import uvloop
@@ -72,9 +75,27 @@ class VectorEnv(gym.vector.VectorEnv):
         self.closed = False
         try:
             self._run(venv.start())
-        except BaseException:
-            self._stop_loop()
+        except BaseException as exc:
+            self._abandon()
+            if exits.is_no_guard_failure(exc):
+                raise exits.MainGuardMissing() from None
             raise
+        exits.track(self)
+
+    def _abandon(self) -> None:
+        """After a failed (or interrupted) start: close what started, within the close grace period, then the loop."""
+        self.closed = True
+        try:
+            if self._thread.is_alive():
+                fut = asyncio.run_coroutine_threadsafe(self._venv.close(), self._loop)
+                fut.result(timeout=self._venv_close_bound())
+        except BaseException:  # noqa: BLE001 - the start's own error is the one to report
+            pass
+        finally:
+            self._stop_loop()
+
+    def _venv_close_bound(self) -> float:
+        return float(getattr(self._venv, "close_timeout", None) or 5.0) + 10.0
 
     def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         if self.closed:
@@ -186,6 +207,7 @@ class VectorEnv(gym.vector.VectorEnv):
                 asyncio.run_coroutine_threadsafe(self._venv.close(), self._loop).result()
         finally:
             self._stop_loop()
+            exits.untrack(self)
 
     def _stop_loop(self) -> None:
         if self._thread.is_alive():
@@ -217,4 +239,5 @@ def make_vec(env_id: str, num_envs: int, **kwargs: Any) -> VectorEnv:
     """
     from .make import make
 
+    exits.refuse_main_reimport()
     return VectorEnv.wrap(make(env_id, num_envs, **kwargs))

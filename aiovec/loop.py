@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+from . import exits
 
 T = TypeVar("T")
 
@@ -21,7 +24,9 @@ def has_uvloop() -> bool:
 def run(main: Coroutine[Any, Any, T], *, use_uvloop: bool | None = None, debug: bool | None = None) -> T:
     """Like :func:`asyncio.run`, on uvloop by default when it is installed.
 
-    Ctrl-C cancels ``main``, so ``async with`` blocks inside it close their vector envs.
+    Ctrl-C cancels ``main``, so ``async with`` blocks inside it close their vector envs. So does
+    SIGTERM when called from the main thread with SIGTERM's default action in place: ``main`` is
+    cancelled, and once it has unwound ``run`` raises ``SystemExit(143)``.
     aiovec needs no special loop: inside an application that already runs one, just await it.
 
     >>> async def main():
@@ -33,10 +38,48 @@ def run(main: Coroutine[Any, Any, T], *, use_uvloop: bool | None = None, debug: 
     >>> aiovec.run(main(), use_uvloop=False)[0]
     'asyncio.unix_events'
     """
+    if exits.in_main_reimport():
+        main.close()
+        exits.refuse_main_reimport()
     if use_uvloop is None:
         use_uvloop = has_uvloop()
-    if use_uvloop:
-        import uvloop
+    wrapped = _unwind_on_sigterm(main) if exits.can_handle_sigterm() else main
+    try:
+        if use_uvloop:
+            import uvloop
 
-        return uvloop.run(main, debug=debug)
-    return asyncio.run(main, debug=debug)
+            return uvloop.run(wrapped, debug=debug)
+        return asyncio.run(wrapped, debug=debug)
+    except KeyboardInterrupt:
+        # asyncio raises it while handling the main task's CancelledError: without this, Ctrl-C
+        # prints two chained tracebacks for one keypress.
+        raise KeyboardInterrupt() from None
+    except Exception as exc:
+        if exits.is_no_guard_failure(exc):
+            raise exits.MainGuardMissing() from None
+        raise
+
+
+async def _unwind_on_sigterm(main: Coroutine[Any, Any, T]) -> T:
+    """Await ``main``; SIGTERM cancels it (its ``finally`` and ``async with`` blocks run), then exits 143."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    received: list[int] = []
+
+    def on_sigterm() -> None:
+        received.append(signal.SIGTERM)
+        if task is not None:
+            task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    try:
+        result = await main
+    except asyncio.CancelledError:
+        if received:
+            raise SystemExit(exits.SIGTERM_EXIT) from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+    if received:  # main swallowed the cancellation: still end as SIGTERM asked
+        raise SystemExit(exits.SIGTERM_EXIT)
+    return result

@@ -1,0 +1,218 @@
+"""Every way a script can end leaves a quiet terminal and a clean machine.
+
+Each exit path runs as a real script in its own interpreter and session: with the synchronous
+facade (``aiovec.VectorEnv``) and with ``AsyncVecEnv`` under ``aiovec.run``, a script that closes,
+forgets to close, raises, gets SIGINT, gets SIGTERM, or lacks the ``__main__`` guard. Checked on
+each: the exit status, stderr exactly (no ``resource_tracker`` warning, at most the one traceback
+the script itself earned), no process of its session left (workers, fork server, resource
+tracker), and none of the named semaphores it created left in ``/dev/shm``.
+
+By hand, N runs of every path with counts: ``python tests/test_exits.py 20``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Records every named semaphore a process (the script, its fork server, its workers) registers with
+# the resource tracker, so the test can look for exactly those in /dev/shm afterwards.
+SITECUSTOMIZE = """
+import os
+from multiprocessing import resource_tracker as _rt
+_register = _rt.register
+def register(name, rtype):
+    fd = os.open(os.environ["AIOVEC_TEST_SEMS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (name + "\\n").encode())
+    finally:
+        os.close(fd)
+    return _register(name, rtype)
+_rt.register = register
+"""
+
+SYNC = """
+import numpy as np
+import aiovec
+
+def main():
+    envs = aiovec.make_vec("CartPole-v1", 4, num_workers=2)
+    envs.reset(seed=0)
+    for _ in range(5):
+        envs.step(np.zeros(4, dtype=np.int64))
+    {body}
+
+{entry}
+"""
+
+ASYNC = """
+import numpy as np
+import aiovec
+
+async def main():
+    venv = aiovec.make("CartPole-v1", 4, num_workers=2)
+    await venv.start()
+    await venv.reset(seed=0)
+    for _ in range(5):
+        await venv.step(np.zeros(4, dtype=np.int64))
+    {body}
+
+{entry}
+"""
+
+BODIES = {
+    "close": {"sync": "envs.close()", "async": "await venv.close()"},
+    "no_close": {"sync": "pass", "async": "pass"},
+    "raise": {"sync": "raise RuntimeError('boom')", "async": "raise RuntimeError('boom')"},
+    "signal": {
+        "sync": "print('ready', flush=True)\n    while True:\n        envs.step(np.zeros(4, dtype=np.int64))",
+        "async": "print('ready', flush=True)\n    while True:\n        await venv.step(np.zeros(4, dtype=np.int64))",
+    },
+}
+ENTRY = {"sync": 'if __name__ == "__main__":\n    main()', "async": 'if __name__ == "__main__":\n    aiovec.run(main())'}
+NO_GUARD_ENTRY = {"sync": "main()", "async": "aiovec.run(main())"}
+PATHS = ["close", "no_close", "raise", "sigint", "sigterm", "no_guard"]
+
+
+@dataclass
+class Outcome:
+    returncode: int
+    stderr: str
+    leftover_processes: list[str]
+    leftover_semaphores: list[str]
+    semaphores_created: int
+
+
+def script_for(api: str, path: str) -> str:
+    body = BODIES["signal" if path in ("sigint", "sigterm") else "close" if path == "no_guard" else path][api]
+    entry = NO_GUARD_ENTRY[api] if path == "no_guard" else ENTRY[api]
+    return textwrap.dedent((SYNC if api == "sync" else ASYNC).format(body=body, entry=entry))
+
+
+def _session_processes(sid: int) -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid and fields[0] != "Z":
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                out.append(f"{pid}: {cmd[:100]}")
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def run_path(tmp: Path, api: str, path: str, timeout: float = 90.0) -> Outcome:
+    """Run one exit path as a script in its own session; report what it left behind."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    script = tmp / f"{api}_{path}.py"
+    script.write_text(script_for(api, path))
+    sems = tmp / f"{api}_{path}.sems"
+    sems.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               AIOVEC_TEST_SEMS=str(sems), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=tmp, start_new_session=True)
+    try:
+        if path in ("sigint", "sigterm"):
+            line = proc.stdout.readline()
+            assert line.strip() == b"ready", (line, proc.stderr.read().decode(errors="replace") if proc.poll() is not None else "")
+            time.sleep(0.2)  # stepping
+            proc.send_signal(signal.SIGINT if path == "sigint" else signal.SIGTERM)
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # The fork server and the resource tracker leave once they see the script gone: give them a moment.
+    end = time.monotonic() + 10.0
+    while (left := _session_processes(proc.pid)) and time.monotonic() < end:
+        time.sleep(0.05)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    names = sems.read_text().split() if sems.exists() else []
+    leaked = [n for n in names if os.path.exists("/dev/shm/sem." + n.lstrip("/"))]
+    return Outcome(proc.returncode, err.decode(errors="replace"), left, leaked, len(names))
+
+
+def problems(api: str, path: str, o: Outcome) -> list[str]:
+    """What is wrong with one outcome (empty: a clean, quiet exit)."""
+    bad = []
+    if o.leftover_processes:
+        bad.append(f"processes left: {o.leftover_processes}")
+    if o.leftover_semaphores:
+        bad.append(f"semaphores left in /dev/shm: {o.leftover_semaphores}")
+    if "resource_tracker" in o.stderr or "Exception ignored" in o.stderr or "Warning" in o.stderr:
+        bad.append("warning on stderr")
+    tracebacks = o.stderr.count("Traceback (most recent call last)")
+    want_rc, want_tb, last = {
+        "close": (0, 0, None),
+        "no_close": (0, 0, None),
+        "raise": (1, 1, "RuntimeError: boom"),
+        "sigint": (1 if api == "sync" else 130, 1, "KeyboardInterrupt"),
+        "sigterm": (143, 0, None),
+        "no_guard": (1, 0, "        main()"),
+    }[path]
+    if path == "sigint" and o.returncode in (1, 130, -signal.SIGINT):
+        want_rc = o.returncode  # Python exits 1 or dies by SIGINT after KeyboardInterrupt, depending on the path
+    if o.returncode != want_rc:
+        bad.append(f"exit status {o.returncode}, expected {want_rc}")
+    if tracebacks != want_tb:
+        bad.append(f"{tracebacks} tracebacks, expected {want_tb}")
+    lines = o.stderr.rstrip().splitlines()
+    if last is None and o.stderr.strip():
+        bad.append("stderr not empty")
+    if last is not None and (not lines or lines[-1] != last):
+        bad.append(f"last line of stderr {lines[-1] if lines else ''!r}, expected {last!r}")
+    if path == "no_guard" and (len(lines) > 8 or "if __name__ == \"__main__\":" not in o.stderr):
+        bad.append("the missing-guard message is not the short one")
+    if bad:
+        bad.append("stderr:\n" + o.stderr[-3000:])
+    return bad
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_exit_path_is_quiet_and_clean(tmp_path: Path, api: str, path: str) -> None:
+    o = run_path(tmp_path, api, path)
+    assert o.semaphores_created >= 10 or path == "no_guard", f"the script should have started 2 workers: {o}"
+    assert not problems(api, path, o), "\n".join(problems(api, path, o))
+
+
+def test_missing_guard_message_names_the_script(tmp_path: Path) -> None:
+    o = run_path(tmp_path, "sync", "no_guard")
+    assert str(tmp_path / "sync_no_guard.py") in o.stderr
+    assert o.stderr.strip().endswith('if __name__ == "__main__":\n        main()')
+
+
+if __name__ == "__main__":  # python tests/test_exits.py [N]: N runs of every path, with counts
+    import tempfile
+
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    with tempfile.TemporaryDirectory() as d:
+        for api in ("sync", "async"):
+            for path in PATHS:
+                bad_runs, kinds = 0, {}
+                for _ in range(n):
+                    found = [p for p in problems(api, path, run_path(Path(d), api, path)) if not p.startswith("stderr")]
+                    bad_runs += bool(found)
+                    for p in found:
+                        kinds[p[:60]] = kinds.get(p[:60], 0) + 1
+                print(f"{api:5s} {path:9s}: {n - bad_runs}/{n} clean {kinds or ''}", flush=True)
