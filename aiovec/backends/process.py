@@ -33,8 +33,17 @@ _live: weakref.WeakSet[ProcessWorker] = weakref.WeakSet()
 def _kill_all_at_exit() -> None:
     # Runs before concurrent.futures joins its executor threads at interpreter exit;
     # without it a never-closed vector env would hang the interpreter on exit.
-    for w in list(_live):
+    workers = list(_live)
+    for w in workers:
         w.kill()
+    # Let each executor's thread see its process die and close its wakeup pipe before
+    # concurrent.futures' own exit hook writes to that pipe: otherwise the two race and the
+    # hook prints "OSError: [Errno 9] Bad file descriptor" (an executor thread that closed
+    # the pipe between the hook's closed-check and its write).
+    for w in workers:
+        thread = w._manager
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
 
 
 threading._register_atexit(_kill_all_at_exit)  # type: ignore[attr-defined]
