@@ -1,4 +1,4 @@
-"""``python -m aiovec.bench [core|controller|ray|soak] [--quick] [--repeats N] [--duration S] [--out FILE]``."""
+"""``python -m aiovec.bench [core|v2|controller|ray|soak] [--quick] [--repeats N] [--duration S] [--out FILE] [--only NAME]``."""
 
 from __future__ import annotations
 
@@ -33,11 +33,12 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m aiovec.bench", description=__doc__)
-    p.add_argument("suite", nargs="?", default="core", choices=["core", "controller", "ray", "soak"])
+    p.add_argument("suite", nargs="?", default="core", choices=["core", "v2", "controller", "ray", "soak"])
     p.add_argument("--quick", action="store_true", help="one short repeat of a reduced set (smoke test)")
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--duration", type=float, default=None, help="seconds per measurement")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--only", default=None, help="v2: the workloads whose name contains NAME, or one of loophold, stall, soak")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if args.suite == "soak":
@@ -45,14 +46,19 @@ def main(argv: list[str] | None = None) -> None:
 
         soak(["--minutes", str((args.duration or 600) / 60)] + (["--out", args.out] if args.out else []))
         return
+    options = {}
     if args.suite == "core":
         from .core import main as run
+    elif args.suite == "v2":
+        from .v2 import main as run
+
+        options["only"] = args.only
     elif args.suite == "ray":
         from .ray_bench import main as run
     else:
         from .controller import main as run
     try:
-        run(quick=args.quick, repeats=args.repeats, duration=args.duration, out=args.out)
+        run(quick=args.quick, repeats=args.repeats, duration=args.duration, out=args.out, **options)
     except BaseException:
         if _received is not None:  # whatever the unwinding ran into after the signal, it is a SIGTERM exit
             raise SystemExit(128 + _received) from None

@@ -38,12 +38,17 @@ def task_for(env_id: str) -> str | None:
     return TASKS[env_id][0] if env_id in TASKS else None
 
 
-def envpool_sync(env_id: str, n: int, kwargs: dict, duration: float) -> float:
-    """A runner (see :mod:`.peers`): lock-step steps/s of EnvPool's stand-in for ``env_id``."""
+def make(env_id: str, n: int, kwargs: dict) -> Any:
+    """EnvPool's stand-in for ``n`` envs of ``env_id``: sync mode, one thread per available CPU."""
     import envpool
 
     task, options = TASKS[env_id]
-    venv = envpool.make_gymnasium(task, num_envs=n, batch_size=n, num_threads=available_cpus(), seed=0, **options, **kwargs)
+    return envpool.make_gymnasium(task, num_envs=n, batch_size=n, num_threads=available_cpus(), seed=0, **options, **kwargs)
+
+
+def envpool_sync(env_id: str, n: int, kwargs: dict, duration: float) -> float:
+    """A runner (see :mod:`.peers`): lock-step steps/s of EnvPool's stand-in for ``env_id``."""
+    venv = make(env_id, n, kwargs)
     try:
         venv.reset()
         acts = _actions(venv.action_space, n)  # EnvPool's action_space is one env's

@@ -13,7 +13,7 @@ from typing import Any
 
 import aiovec
 
-from .aiovec_runs import inline
+from .aiovec_options import inline
 from .gaps import TurnGaps
 from .peers import _actions, env_fns
 

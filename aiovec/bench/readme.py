@@ -1,6 +1,7 @@
 """Regenerate the README's result blocks from result files, so its numbers are never typed by hand.
 
     python -m aiovec.bench core --out bench-results/core.json
+    python -m aiovec.bench v2 --out bench-results/v2.json
     aiovec demo --output bench-results/demo
     python -m aiovec.bench ray --out bench-results/ray.json
     python examples/ppo_speedup.py           # examples/results/ppo_speedup/table.md
@@ -30,6 +31,16 @@ def core_block(path: Path) -> str:
         f"- Event-loop lag (lateness of a 1 ms timer) while stepping CartPole x8 at {lag['steps_per_s'] / 1000:.1f}k steps/s: p50 {lag['p50_ms']:.2f} ms, p99 {lag['p99_ms']:.2f} ms.",
         f"- Skipped (not installed): {', '.join(r['skipped']) or 'none'}.",
     ])
+
+
+def v2_block(path: Path) -> str:
+    from .v2 import render_text
+
+    r = json.loads(path.read_text())
+    head = (f"Machine: {r['machine']}. Core: {r['core_commit']}. {r['repeats']} interleaved repeats of {r['duration_s']} s each "
+            f"(aiovec defaults after a {r['aiovec_warmup_s']:g} s warm-up); median (min-max over repeats); steps/s with all envs "
+            "counted; ratios paired within a repeat." + (" Quick run: not a measurement." if r["quick"] else ""))
+    return head + "\n\n" + render_text(r).replace("\nElapsed:", "\nWhole run:")
 
 
 def demo_block(path: Path) -> str:
@@ -84,6 +95,9 @@ def main(root: str = ".") -> None:
     readme = base / "README.md"
     text = readme.read_text()
     core = base / "bench-results" / "core.json"
+    v2 = base / "bench-results" / "v2.json"
+    if v2.exists():
+        text = replace(text, "bench:v2", v2_block(v2))
     demo = base / "bench-results" / "demo" / "demo.json"
     if core.exists():
         text = replace(text, "bench:core", core_block(core))

@@ -1,27 +1,33 @@
 """``python -m aiovec.bench v2``: real envs, the floor, and the issue-12 targets, in one run.
 
-Per workload and repeat, in this order (so drift hits every runner alike): one env's
-step time in-process (the limit), gymnasium SyncVectorEnv, AsyncVectorEnv, EnvPool
-(where it has the task), aiovec defaults (after a warm-up), aiovec with the process
-backend forced (CartPole x8), the floor at each worker count of its sweep, and the
-floor at aiovec's worker count when the sweep did not cover it. Ratios are taken
-within a repeat (paired), then the median and min-max over repeats are reported.
+Per workload, every contender is built once, in one event loop (see :mod:`.contenders`):
+gymnasium SyncVectorEnv and AsyncVectorEnv, EnvPool (where it has the task), aiovec
+defaults, aiovec with the process backend forced (CartPole x8), and the floor at each
+worker count of its sweep. Then, per repeat and in this order (so drift hits every
+contender alike): one env's step time in-process (the limit), each contender's
+measurement, and the floor at aiovec's worker count when the sweep lacks it. aiovec's
+first measurement follows its warm-up (>= 2 s: the controller settles). Ratios are
+taken within a repeat (paired), then their median and min-max over repeats reported.
 Then the loop-hold, constructor-stall and idle-kill soak checks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import aiovec_runs, envpool_peer, limits, loophold, soak, stall
+import aiovec
+
+from . import aiovec_options, envpool_peer, limits, loophold, soak, stall
+from .contenders import AiovecContender, Contender, EnvPoolContender, FloorContender, GymContender
 from .core import kilo, machine
-from .floor import floor_runner, sweep_counts
-from .peers import gym_async, gym_sync
+from .floor import sweep_counts
 from .workloads import Workload, select
 
 SECTIONS = ("loophold", "stall", "soak")
@@ -39,61 +45,85 @@ def _ratio(x: float) -> str:
     return f"{x:.2f}"
 
 
-def run_workload(w: Workload, repeats: int, duration: float, warmup: float, log: Callable[[str], None]) -> dict[str, Any]:
-    """Every runner on ``w``, interleaved over ``repeats``; raw figures per repeat, then paired ratios."""
-    counts = sweep_counts(w.n, w.waiting)
-    rates: dict[str, list[float]] = {"gym_sync": [], "gym_async": []}
+async def _build(w: Workload, counts: list[int], stack: contextlib.AsyncExitStack) -> list[Contender]:
+    """Every contender of ``w``, built and reset, each closed by ``stack``; AsyncVectorEnv (fork) before any thread."""
+    out: list[Contender] = []
+
+    async def add(c: Contender | Awaitable[Contender]) -> None:
+        c = await c if inspect.isawaitable(c) else c
+        stack.push_async_callback(c.aclose)
+        out.append(c)
+
+    await add(GymContender("gym_sync", w.env_id, w.n, w.kwargs))
+    await add(GymContender("gym_async", w.env_id, w.n, w.kwargs))
     if w.envpool and envpool_peer.installed():
-        rates["envpool"] = []
-    rates["aiovec"] = []
+        await add(EnvPoolContender(w.env_id, w.n, w.kwargs))
+    await add(AiovecContender("aiovec", w.env_id, w.n, w.kwargs).start())
     if w.process_forced:
-        rates["aiovec_process"] = []
+        await add(AiovecContender("aiovec_process", w.env_id, w.n, w.kwargs, **aiovec_options.process_forced()).start())
     for c in counts:
-        rates[f"floor_{c}"] = []
-    rates["floor_at_aiovec"] = []
+        await add(FloorContender(w.env_id, w.n, w.kwargs, c).start())
+    return out
+
+
+async def _run_workload(w: Workload, repeats: int, duration: float, warmup: float, log: Callable[[str], None]) -> dict[str, Any]:
+    counts = sweep_counts(w.n, w.waiting)
+    rates: dict[str, list[float]] = {}
     workers: list[int] = []
     placements: list[str] = []
     limit_v: list[float] = []
+    step_s: list[float] = []
     limit_how = ""
-    for r in range(repeats):
-        t = limits.step_time(w.env_id, w.kwargs)
-        lim, limit_how = limits.limit(w.n, t)
-        limit_v.append(lim)
-        rates["gym_sync"].append(gym_sync(w.env_id, w.n, w.kwargs, duration))
-        rates["gym_async"].append(gym_async(w.env_id, w.n, w.kwargs, duration))
-        if "envpool" in rates:
-            rates["envpool"].append(envpool_peer.envpool_sync(w.env_id, w.n, w.kwargs, duration))
-        a = aiovec_runs.run(w.env_id, w.n, w.kwargs, duration, warmup)
-        rates["aiovec"].append(a.steps_per_s)
-        workers.append(a.workers)
-        placements.append(a.placement)
-        if w.process_forced:
-            rates["aiovec_process"].append(aiovec_runs.run(w.env_id, w.n, w.kwargs, duration, min(warmup, 0.5),
-                                                           **aiovec_runs.process_forced()).steps_per_s)
-        for c in counts:
-            rates[f"floor_{c}"].append(floor_runner(c)(w.env_id, w.n, w.kwargs, duration))
-        if a.workers >= 1:  # the floor at aiovec's own count: reuse the sweep's figure when it has one
-            same = f"floor_{a.workers}"
-            rates["floor_at_aiovec"].append(rates[same][-1] if same in rates else floor_runner(a.workers)(w.env_id, w.n, w.kwargs, duration))
-        log(f"  {w.key} repeat {r + 1}/{repeats}: aiovec {kilo(a.steps_per_s)} ({a.workers} workers, {a.placement})")
+    async with contextlib.AsyncExitStack() as stack:
+        t_build = time.perf_counter()
+        contenders = await _build(w, counts, stack)
+        extra: dict[int, FloorContender] = {}  # the floor at aiovec's worker count, when the sweep lacks it
+        log(f"  {w.key}: {len(contenders)} contenders built in {time.perf_counter() - t_build:.1f} s")
+        for r in range(repeats):
+            t = limits.step_time(w.env_id, w.kwargs)
+            lim, limit_how = limits.limit(w.n, t)
+            limit_v.append(lim)
+            step_s.append(t.wall_s)
+            for c in contenders:
+                # aiovec's defaults are measured after the controller's warm-up, once; the others need only a short one
+                first_aiovec = r == 0 and c.name.startswith("aiovec")
+                rates.setdefault(c.name, []).append(await c.measure(duration, warmup if first_aiovec else 0.2))
+                if c.name == "aiovec":
+                    workers.append(c.workers or 0)
+                    placements.append(c.placement or "?")
+            k = workers[-1]
+            if k >= 1:  # the floor at aiovec's own count: the sweep's figure of this repeat, or a floor built for it
+                if k in counts:
+                    rates.setdefault("floor_at_aiovec", []).append(rates[f"floor_{k}"][-1])
+                else:
+                    if k not in extra:
+                        extra[k] = await FloorContender(w.env_id, w.n, w.kwargs, k).start()
+                        stack.push_async_callback(extra[k].aclose)
+                    rates.setdefault("floor_at_aiovec", []).append(await extra[k].measure(duration, 0.2))
+            log(f"  {w.key} repeat {r + 1}/{repeats}: aiovec {kilo(rates['aiovec'][-1])} ({k} workers, {placements[-1]})")
     best = max(counts, key=lambda c: statistics.median(rates[f"floor_{c}"]))
     floor_best = rates[f"floor_{best}"]
     ours = rates["aiovec"]
-    ratios: dict[str, list[float]] = {
-        "aiovec/gym_sync": [a / b for a, b in zip(ours, rates["gym_sync"], strict=True)],
-        "aiovec/floor": [a / b for a, b in zip(ours, floor_best, strict=True)],
-        "aiovec/limit": [a / b for a, b in zip(ours, limit_v, strict=True)],
-        "floor/limit": [a / b for a, b in zip(floor_best, limit_v, strict=True)],
-    }
-    if len(rates["floor_at_aiovec"]) == len(ours):
-        ratios["aiovec/floor_at_aiovec"] = [a / b for a, b in zip(ours, rates["floor_at_aiovec"], strict=True)]
+
+    def paired(a: list[float], b: list[float]) -> list[float]:
+        return [x / y for x, y in zip(a, b, strict=True)]
+
+    ratios: dict[str, list[float]] = {"aiovec/gym_sync": paired(ours, rates["gym_sync"]), "aiovec/floor": paired(ours, floor_best),
+                                      "aiovec/limit": paired(ours, limit_v), "floor/limit": paired(floor_best, limit_v)}
+    if len(rates.get("floor_at_aiovec", [])) == len(ours):
+        ratios["aiovec/floor_at_aiovec"] = paired(ours, rates["floor_at_aiovec"])
     if "envpool" in rates:
-        ratios["aiovec/envpool"] = [a / b for a, b in zip(ours, rates["envpool"], strict=True)]
+        ratios["aiovec/envpool"] = paired(ours, rates["envpool"])
     if w.process_forced:
-        ratios["aiovec_process/floor_1"] = [a / b for a, b in zip(rates["aiovec_process"], rates["floor_1"], strict=True)]
+        ratios["aiovec_process/floor_1"] = paired(rates["aiovec_process"], rates["floor_1"])
     return {"env_id": w.env_id, "num_envs": w.n, "kwargs": w.kwargs, "steps_per_s": rates, "floor_best_workers": best,
             "aiovec_workers": workers, "aiovec_placement": placements, "limit_steps_per_s": limit_v, "limit_basis": limit_how,
-            "ratios": ratios}
+            "step_time_s": step_s, "ratios": ratios}
+
+
+def run_workload(w: Workload, repeats: int, duration: float, warmup: float, log: Callable[[str], None]) -> dict[str, Any]:
+    """Every contender of ``w``, built once and measured in interleaved turns over ``repeats``; then paired ratios."""
+    return aiovec.run(_run_workload(w, repeats, duration, warmup, log))
 
 
 COLUMNS = ("workload", "limit", "gym Sync", "gym Async", "EnvPool", "floor best (workers)", "floor @ aiovec's workers",
@@ -156,14 +186,16 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def core_commit() -> str:
-    """``git log -1 --oneline`` of the checkout the benchmark runs from, and whether its core has local changes."""
+    """The checkout's HEAD, the last commit that changed the core (aiovec/ outside aiovec/bench), and local core edits."""
     def git(*args: str) -> str:
         try:
             return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "aiovec", ":!aiovec/bench")
-    return git("log", "-1", "--oneline") + (" (+ uncommitted core changes)" if dirty else "")
+    core = ("--", "aiovec", ":!aiovec/bench")
+    dirty = git("status", "--porcelain", "--untracked-files=no", *core)
+    return (f"HEAD {git('rev-parse', '--short', 'HEAD')}; core last changed by {git('log', '-1', '--format=%h %s', *core)[:160]}"
+            + (" (+ uncommitted core changes)" if dirty else ""))
 
 
 def main(quick: bool = False, repeats: int | None = None, duration: float | None = None, out: str | None = None,
@@ -179,7 +211,7 @@ def main(quick: bool = False, repeats: int | None = None, duration: float | None
 
     t0 = time.perf_counter()
     report: dict[str, Any] = {"machine": machine(), "core_commit": core_commit(), "quick": quick, "repeats": repeats,
-                              "duration_s": duration, "aiovec_warmup_s": warmup, "placement_option": aiovec_runs.has_option("placement"),
+                              "duration_s": duration, "aiovec_warmup_s": warmup, "placement_option": aiovec_options.has_option("placement"),
                               "envpool": envpool_peer.installed(), "workloads": {}}
     log(f"# aiovec v2 benchmark: {report['machine']}\n# core: {report['core_commit']}\n"
         f"# {repeats} interleaved repeats x {duration} s (aiovec after {warmup} s warm-up); median (min-max)")
