@@ -188,8 +188,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     args = Args(**vars(p.parse_args(argv)))
     if args.num_workers != "auto" and not args.num_workers.isdigit():
         p.error(f"--num-workers must be 'auto' or an int, got {args.num_workers!r}")
-    if args.pipeline_groups < 1 or args.pipeline_groups > args.num_envs:
-        p.error(f"--pipeline-groups must be in 1..num_envs, got {args.pipeline_groups}")
+    if args.pipeline_groups < 1:
+        p.error(f"--pipeline-groups must be >= 1, got {args.pipeline_groups}")
     return args
 
 
@@ -352,11 +352,11 @@ class Sampler:
         self.act_shape = () if self.discrete else space.shape
         self.low = None if self.discrete else space.low
         self.high = None if self.discrete else space.high
-        self.groups = args.pipeline_groups if args.mode == "pipelined" else 1
+        self.groups = min(args.pipeline_groups, args.num_envs) if args.mode == "pipelined" else 1
         self.pipeline = "off"
         if args.mode == "pipelined":
             if self.groups < 2:
-                self.pipeline = "off (1 group)"
+                self.pipeline = "off: one group (a single env or --pipeline-groups 1), lock-step instead"
                 self.groups = 1
             elif not steps_in_workers(venv):
                 self.pipeline = "off: envs step in this process, nothing to overlap (lock-step instead)"
@@ -676,7 +676,7 @@ async def train(args: Args) -> dict[str, Any]:
         **setup, "torch_warmup_s": torch_warmup_s, "updates": learner.version, "episodes": log.n_episodes, "final_mean_return": log.mean_return(),
         "target_hit": log.target_hit, "stopped_by": reason, "profile": prof, "pipeline": sampler.pipeline,
         "steps_per_s": sampler.global_step / wall if wall > 0 else float("nan"),
-        "num_workers": stats.get("num_workers"), "placement": placement, "aiovec_version": aiovec.__version__,
+        "num_workers": stats.get("num_workers"), "env_moves": stats.get("moves"), "placement": placement, "aiovec_version": aiovec.__version__,
         "curve": log.curve,
     }
     if args.log_dir:
