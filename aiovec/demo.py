@@ -167,7 +167,7 @@ def _plot(results: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(results), 1, figsize=(9, 2.6 * len(results)), squeeze=False)
-    for ax, r in zip(axes[:, 0], results.values()):
+    for ax, r in zip(axes[:, 0], results.values(), strict=True):
         h = r["adaptive"]["history"]
         t = [x["t"] for x in h]
         ax.step(t, [x["workers"] for x in h], where="post", color="tab:blue", label="workers (adaptive)")

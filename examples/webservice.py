@@ -157,7 +157,7 @@ class Rollout:
         r = rewards[live].astype(np.float64)
         self._ret[live_ids] += r
         self._len[live_ids] += 1
-        for i, x in zip(live_ids.tolist(), r.tolist()):
+        for i, x in zip(live_ids.tolist(), r.tolist(), strict=True):
             self._rewards[i].append(x)
         ended = (terms | truncs) & live
         self._autoreset[ids] = ended

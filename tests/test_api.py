@@ -76,7 +76,7 @@ def test_lockstep_matches_sync_vector_env(run, clean, case: str, num_workers: in
             for t in range(steps):
                 got = await wait(venv.step(table[t]))
                 want = sync.step(table[t])
-                for name, g, w in zip(("obs", "rewards", "terminations", "truncations", "infos"), got, want):
+                for name, g, w in zip(("obs", "rewards", "terminations", "truncations", "infos"), got, want, strict=True):
                     assert_tree_equal(g, w, f"step {t} {name}")
                 done = want[2] | want[3]
                 dones += int(done.sum())
@@ -220,8 +220,8 @@ def test_determinism_independent_of_workers_and_interleaving(run_uv, clean) -> N
             other = await one(nw, rng)
             for i in range(N):
                 assert len(other[i]) == len(base[i]) == steps
-                for t, (a, b) in enumerate(zip(base[i], other[i])):
-                    for x, y in zip(a, b):
+                for t, (a, b) in enumerate(zip(base[i], other[i], strict=True)):
+                    for x, y in zip(a, b, strict=True):
                         assert x == y, f"env {i} step {t} differs with num_workers={nw}: {a} vs {b}"
 
     run_uv(main())
@@ -519,7 +519,8 @@ def test_stats_fields(run, clean) -> None:
                 assert key in st, key
             assert st["steps"] == 3 * N + 2
             assert st["in_flight"] == 0 and st["ready"] == 0
-            assert st["elapsed_s"] > 0 and st["steps_per_s"] > 0
+            assert st["elapsed_s"] > 0
+            assert st["steps_per_s"] == pytest.approx(st["steps"] / st["elapsed_s"], rel=1e-9)
             assert set(st["latency_s"]) == {"p50", "p90", "p99"}
             assert 0 < st["latency_s"]["p50"] <= st["latency_s"]["p90"] <= st["latency_s"]["p99"]
             workers = st["workers"]

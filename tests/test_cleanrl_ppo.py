@@ -30,7 +30,7 @@ def test_aiovec_vector_env_is_a_drop_in_for_gymnasium_in_cleanrl_ppo(cleanrl, cl
     assert len(ref["episodes"]) > 20  # CartPole episodes ended, were recorded by the wrapper, and restarted
     assert got["episodes"] == ref["episodes"]
     assert got["losses"] == ref["losses"]
-    for (name, a), (_, b) in zip(ref["agent"].state_dict().items(), got["agent"].state_dict().items()):
+    for (name, a), (_, b) in zip(ref["agent"].state_dict().items(), got["agent"].state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     assert_clean(clean)  # no worker, thread or shared memory left by either run
 

@@ -26,7 +26,7 @@ def _compare(env_id: str, mode: AutoresetMode, steps: int = 150, n: int = 3) -> 
         for _ in range(steps):
             a = ref.action_space.sample()
             r1, r2 = ours.step(a), ref.step(a)
-            for x, y in zip(r1[:4], r2[:4]):
+            for x, y in zip(r1[:4], r2[:4], strict=True):
                 np.testing.assert_allclose(x, y)
             assert sorted(r1[4]) == sorted(r2[4])
             if mode == AutoresetMode.SAME_STEP and "final_obs" in r2[4]:
@@ -129,6 +129,6 @@ def test_env_threads_overlap_waiting_envs_and_keep_results() -> None:
         return out
 
     a, b = aiovec.run(run(1)), aiovec.run(run(4))
-    for x, y in zip(a, b):
-        for p, q in zip(x[:4], y[:4]):
+    for x, y in zip(a, b, strict=True):
+        for p, q in zip(x[:4], y[:4], strict=True):
             np.testing.assert_array_equal(p, q)

@@ -7,6 +7,7 @@ import asyncio
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import assert_clean, not_a_ray_actor
 
 import aiovec
 
@@ -38,7 +39,7 @@ def lockstep(backend: str, env_id: str, n: int, workers: int, mode: gym.vector.A
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 @pytest.mark.parametrize("mode", [gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP])
-def test_ray_matches_process_backend_and_gymnasium(env_id: str, mode: gym.vector.AutoresetMode) -> None:
+def test_ray_matches_process_backend_and_gymnasium(env_id: str, mode: gym.vector.AutoresetMode, clean) -> None:
     ray_out = lockstep("ray", env_id, 3, 2, mode, 120, resize_at={40: 3, 80: 1})
     proc_out = lockstep("process", env_id, 3, 2, mode, 120)
     sync = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * 3, autoreset_mode=mode)
@@ -46,13 +47,14 @@ def test_ray_matches_process_backend_and_gymnasium(env_id: str, mode: gym.vector
     space = gym.vector.utils.batch_space(sync.single_action_space, 3)
     space.seed(3)
     ref += [sync.step(space.sample()) for _ in range(120)]
-    for a, b, c in zip(ray_out, proc_out, ref):
-        for x, y, z in zip(a[:-1], b[:-1], c[:-1]):
+    for a, b, c in zip(ray_out, proc_out, ref, strict=True):
+        for x, y, z in zip(a[:-1], b[:-1], c[:-1], strict=True):
             np.testing.assert_allclose(x, y)
             np.testing.assert_allclose(x, z)
+    assert_clean(clean, grace=30.0, ignore=not_a_ray_actor)
 
 
-def test_ray_first_finished_subsets_and_attributes() -> None:
+def test_ray_first_finished_subsets_and_attributes(clean) -> None:
     async def main() -> None:
         async with aiovec.make("aiovec/Sleep-v0", 4, num_workers=2, backend="ray", wait_ms=1.0) as venv:
             await venv.reset(seed=0)
@@ -65,9 +67,10 @@ def test_ray_first_finished_subsets_and_attributes() -> None:
             assert venv.stats()["steps"] == 2
 
     aiovec.run(main())
+    assert_clean(clean, grace=30.0, ignore=not_a_ray_actor)
 
 
-def test_ray_actor_death_is_a_typed_error_or_a_restart() -> None:
+def test_ray_actor_death_is_a_typed_error_or_a_restart(clean) -> None:
     async def main() -> None:
         async with aiovec.make("CartPole-v1", 4, num_workers=2, backend="ray", max_restarts=1, restart_backoff=0.0) as venv:
             await venv.reset(seed=0)
@@ -83,6 +86,7 @@ def test_ray_actor_death_is_a_typed_error_or_a_restart() -> None:
             assert "RayActorError" in str(info.value) or "Actor" in str(info.value)
 
     aiovec.run(main())
+    assert_clean(clean, grace=30.0, ignore=not_a_ray_actor)
 
 
 def test_unknown_backend_is_rejected() -> None:

@@ -6,6 +6,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from conftest import assert_clean, not_a_ray_actor
 
 import aiovec
 
@@ -29,7 +30,7 @@ async def _node_of_workers(venv: aiovec.AsyncVecEnv) -> dict[int, str]:
 
 
 @pytest.mark.parametrize("restarts", [4, 0])
-def test_lost_node_is_a_restart_or_a_typed_error_never_a_hang(cluster, restarts: int) -> None:
+def test_lost_node_is_a_restart_or_a_typed_error_never_a_hang(cluster, restarts: int, clean) -> None:
     c, nodes = cluster
 
     async def main() -> None:
@@ -60,3 +61,4 @@ def test_lost_node_is_a_restart_or_a_typed_error_never_a_hang(cluster, restarts:
                 assert set(info.value.env_ids) <= {0, 1, 2, 3} and info.value.env_ids
 
     aiovec.run(main())
+    assert_clean(clean, grace=30.0, ignore=not_a_ray_actor)

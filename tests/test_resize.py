@@ -6,6 +6,7 @@ import asyncio
 
 import gymnasium as gym
 import numpy as np
+from conftest import assert_clean, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -48,7 +49,9 @@ ops = st.lists(
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, seed=st.integers(0, 1000))
 def test_random_interleavings_of_send_recv_resize(ops: list, seed: int) -> None:
+    before = snapshot()  # per example: hypothesis cannot take a function-scoped fixture
     asyncio.run(asyncio.wait_for(_interleave(ops, seed), 120))
+    assert_clean(before)
 
 
 async def _interleave(ops: list, seed: int) -> None:
@@ -64,7 +67,7 @@ async def _interleave(ops: list, seed: int) -> None:
                 if ids:
                     acts = rng.integers(0, 2, len(ids))
                     venv.send(acts, ids)
-                    for i, a in zip(ids, acts):
+                    for i, a in zip(ids, acts, strict=True):
                         sent[i].append(int(a))
                     busy.update(ids)
             elif op == "recv" and busy:
@@ -79,7 +82,7 @@ async def _interleave(ops: list, seed: int) -> None:
     ref = reference(seed, sent)
     for i in range(N_ENVS):
         assert len(got[i]) == len(sent[i]), f"env {i}: sent {len(sent[i])} actions, received {len(got[i])} results"
-        for k, (a, b) in enumerate(zip(got[i], ref[i])):
+        for k, (a, b) in enumerate(zip(got[i], ref[i], strict=True)):
             assert np.array_equal(a[0], b[0]) and a[1:] == b[1:], f"env {i} step {k} differs from the reference"
 
 
@@ -89,7 +92,7 @@ def _record(r: aiovec.StepResult, got: list, busy: set) -> None:
         busy.discard(i)
 
 
-def test_resize_changes_worker_count_and_keeps_lockstep_results() -> None:
+def test_resize_changes_worker_count_and_keeps_lockstep_results(clean) -> None:
     async def main() -> tuple[list, list[int]]:
         counts = []
         outs = []
@@ -106,11 +109,12 @@ def test_resize_changes_worker_count_and_keeps_lockstep_results() -> None:
         return outs, counts
 
     outs, counts = asyncio.run(main())
+    assert_clean(clean)
     assert 6 in counts and counts[-1] == 3
     sync = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 6)
     sync.reset(seed=7)
     rng = np.random.default_rng(0)
     for got in outs:
         want = sync.step(rng.integers(0, 2, 6))
-        for x, y in zip(got, want[:4]):
+        for x, y in zip(got, want[:4], strict=True):
             assert np.array_equal(x, y)

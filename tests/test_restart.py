@@ -8,6 +8,7 @@ import functools
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import assert_clean
 
 import aiovec
 
@@ -21,7 +22,7 @@ def healthy_env() -> gym.Env:
 
 
 @pytest.mark.parametrize("fault", ["sigkill", "exit", "segfault"])
-def test_crashed_worker_is_replaced_and_episode_truncated(fault: str) -> None:
+def test_crashed_worker_is_replaced_and_episode_truncated(fault: str, clean) -> None:
     async def main() -> None:
         fns = [functools.partial(fault_env, fault, 4)] + [healthy_env] * 3
         async with aiovec.AsyncVecEnv(fns, num_workers=2, max_restarts=1, restart_backoff=0.0) as venv:
@@ -48,9 +49,10 @@ def test_crashed_worker_is_replaced_and_episode_truncated(fault: str) -> None:
             assert info.value.env_ids == (0, 1)
 
     aiovec.run(main())
+    assert_clean(clean)
 
 
-def test_hung_env_is_killed_by_step_timeout_and_restarted() -> None:
+def test_hung_env_is_killed_by_step_timeout_and_restarted(clean) -> None:
     async def main() -> None:
         fns = [functools.partial(fault_env, "hang", 2), healthy_env]
         async with aiovec.AsyncVecEnv(fns, num_workers=2, step_timeout=1.0, max_restarts=2, restart_backoff=0.0) as venv:
@@ -62,9 +64,10 @@ def test_hung_env_is_killed_by_step_timeout_and_restarted() -> None:
             assert venv.stats()["restarts"] == 1
 
     aiovec.run(main())
+    assert_clean(clean)
 
 
-def test_first_finished_with_restarts_delivers_every_transition_once() -> None:
+def test_first_finished_with_restarts_delivers_every_transition_once(clean) -> None:
     async def main() -> None:
         fns = [functools.partial(fault_env, "sigkill", 7), healthy_env, healthy_env, healthy_env]
         sent = np.zeros(4, dtype=int)
@@ -84,9 +87,10 @@ def test_first_finished_with_restarts_delivers_every_transition_once() -> None:
         assert (sent == got).all(), (sent, got)
 
     aiovec.run(main())
+    assert_clean(clean)
 
 
-def test_recycling_replaces_workers_without_changing_trajectories() -> None:
+def test_recycling_replaces_workers_without_changing_trajectories(clean) -> None:
     async def run(**kw: int) -> tuple[list, dict]:
         outs = []
         async with aiovec.make("CartPole-v1", 4, num_workers=2, **kw) as venv:
@@ -100,11 +104,12 @@ def test_recycling_replaces_workers_without_changing_trajectories() -> None:
         plain, _ = await run()
         recycled, stats = await run(recycle_steps=800)
         assert stats["recycled"] >= 1 and stats["moves"] >= 1
-        for a, b in zip(plain, recycled):
-            for x, y in zip(a[:4], b[:4]):
+        for a, b in zip(plain, recycled, strict=True):
+            for x, y in zip(a[:4], b[:4], strict=True):
                 assert np.array_equal(x, y)
 
     aiovec.run(main())
+    assert_clean(clean)
 
 
 def test_restart_options_are_validated() -> None:

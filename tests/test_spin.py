@@ -9,6 +9,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import assert_clean
 
 import aiovec
 import aiovec.vecenv
@@ -28,7 +29,7 @@ def cpus(monkeypatch):
     return pin
 
 
-def test_auto_spin_follows_the_worker_count_and_results_stay_exact(cpus):
+def test_auto_spin_follows_the_worker_count_and_results_stay_exact(cpus, clean):
     cpus(2)
     n = 3
     ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])
@@ -44,16 +45,17 @@ def test_auto_spin_follows_the_worker_count_and_results_stay_exact(cpus):
                 for _ in range(400):  # every env ends an episode, so every move completes
                     a = rng.integers(0, 2, n)
                     got, want = await venv.step(a), ref.step(a)
-                    for g, w in zip(got[:4], want[:4]):
+                    for g, w in zip(got[:4], want[:4], strict=True):
                         np.testing.assert_array_equal(g, w)
                 assert venv.num_workers == target and venv.pending_moves == 0
                 assert spins(venv) == [spin] * target, venv.stats()["workers"]
 
     aiovec.run(main())
     ref.close()
+    assert_clean(clean)
 
 
-def test_a_revived_worker_is_told_the_current_spin(cpus):
+def test_a_revived_worker_is_told_the_current_spin(cpus, clean):
     cpus(4)
 
     async def main() -> None:
@@ -68,9 +70,10 @@ def test_a_revived_worker_is_told_the_current_spin(cpus):
             assert spins(venv) == [SPIN_S] * 3, venv.stats()["workers"]
 
     aiovec.run(main())
+    assert_clean(clean)
 
 
-def test_explicit_spin_is_kept_through_resizes(cpus):
+def test_explicit_spin_is_kept_through_resizes(cpus, clean):
     cpus(2)
 
     async def main() -> None:
@@ -85,3 +88,4 @@ def test_explicit_spin_is_kept_through_resizes(cpus):
                 assert venv.num_workers == 1 and spins(venv) == [expected]
 
     aiovec.run(main())
+    assert_clean(clean)

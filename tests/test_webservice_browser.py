@@ -18,6 +18,8 @@ import pytest
 from conftest import assert_clean, load_example, pid_gone, run_on, wait
 from test_webservice import start_server
 
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
 CHROMIUM = os.environ.get("AIOVEC_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -84,23 +86,27 @@ async def page_scenario(ws: Any, async_playwright: Any) -> dict:
                 first = await page.evaluate(CANVAS_JS, list(CHARTS))
                 steps1 = int(await page.text_content("#steps"))
                 polls1 = await page.evaluate("window.aiovecPage.polls")
-                await asyncio.sleep(2.5)
+                rate_points1 = await page.evaluate("window.aiovecPage.points.rate")
+                # Two more polls that brought data, however long a loaded machine takes for them.
+                await page.wait_for_function(
+                    f"window.aiovecPage.polls >= {polls1 + 2} && window.aiovecPage.points.rate > {rate_points1} "
+                    f"&& window.aiovecPage.lastSteps > {steps1}", timeout=60_000)
                 second = await page.evaluate(CANVAS_JS, list(CHARTS))
                 steps2 = int(await page.text_content("#steps"))
                 polls2 = await page.evaluate("window.aiovecPage.polls")
                 workers = int(await page.text_content("#workers"))
                 await page.screenshot(path=SCREENSHOT, full_page=True)
 
-                for a, b in zip(first, second):
+                for a, b in zip(first, second, strict=True):
                     assert a["width"] > 100 and a["height"] > 100, a
                     assert a["nonwhite"] > 500 and a["coloured"] > 50, f"{a['id']} draws no data: {a}"
                     assert b["coloured"] > 50, f"{b['id']} draws no data: {b}"
                     if a["id"] != "chart-workers":  # the worker count may well stay put
-                        assert b["hash"] != a["hash"], f"{a['id']} did not change in 2.5 s: {a} -> {b}"
+                        assert b["hash"] != a["hash"], f"{a['id']} did not change over two polls: {a} -> {b}"
                 by_id = {c["id"]: c for c in second}
                 assert by_id["chart-rate"]["points"] > {c["id"]: c for c in first}["chart-rate"]["points"], "the steps/s series did not grow"
                 assert steps2 > steps1 > 0, f"steps counter did not increase: {steps1} -> {steps2}"
-                assert polls2 - polls1 >= 2, f"the page polled {polls2 - polls1} times in 2.5 s (expected ~5)"
+                assert polls2 - polls1 >= 2, f"the page polled {polls2 - polls1} times"
                 assert workers >= 1
 
                 # stop from the page
