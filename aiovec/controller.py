@@ -188,7 +188,7 @@ class AdaptiveController:
                 regime = "env cost changed; "
             else:
                 a = self.alpha
-                self._avg = tuple(a * r + (1 - a) * s for r, s in zip(raw, self._avg))  # type: ignore[assignment]
+                self._avg = tuple(a * r + (1 - a) * s for r, s in zip(raw, self._avg, strict=True))  # type: ignore[assignment]
         t_cpu, t_blk, t_main = self._avg
         t_main = max(t_main, 1e-6)
         x_cpu = m.cpus / max(t_cpu + t_main, 1e-9)

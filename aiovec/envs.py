@@ -185,12 +185,29 @@ class FaultEnv(CostEnv):
             time.sleep(self.hang_s)
 
 
+class SlowStartEnv(CostEnv):
+    """An env whose constructor takes ``start_s`` seconds, as a booting simulator does.
+
+    ``start="sleep"`` waits (the GIL is free meanwhile); ``start="cpu"`` burns CPU in Python.
+    """
+
+    def __init__(self, start_s: float = 0.5, start: str = "sleep", **kwargs: Any) -> None:
+        if start not in ("sleep", "cpu"):
+            raise ValueError(f"start must be 'sleep' or 'cpu', got {start!r}")
+        if start == "sleep":
+            time.sleep(start_s)
+        else:
+            burn_cpu(start_s)
+        super().__init__(**kwargs)
+
+
 _REGISTRY = {
     "aiovec/Busy-v0": BusyEnv,
     "aiovec/Sleep-v0": SleepEnv,
     "aiovec/Straggler-v0": StragglerEnv,
     "aiovec/PhaseChange-v0": PhaseChangeEnv,
     "aiovec/Fault-v0": FaultEnv,
+    "aiovec/SlowStart-v0": SlowStartEnv,
 }
 
 for _id, _cls in _REGISTRY.items():

@@ -15,7 +15,9 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from . import protocol as P
 from .backends.base import Backend, WorkerHandle
@@ -26,15 +28,38 @@ ReplyHandler = Callable[[int, tuple[Any, ...] | None, BaseException | None], Non
 """``(worker_id, reply or None, error or None)``; the error is set when the worker died first."""
 
 
-class _Worker:
-    __slots__ = ("handle", "envs", "pending", "ready", "spin_s")
+class _Pending(NamedTuple):
+    """A command sent to a worker and not yet answered (a worker answers in order)."""
 
-    def __init__(self, handle: WorkerHandle, spin_s: float) -> None:
+    op: int
+    t_sent: float
+    handler: ReplyHandler | None
+    env_ids: np.ndarray | None  # for STEP_SHARD: the shard it stepped
+
+
+class _Worker:
+    __slots__ = ("handle", "kind", "envs", "pending", "ready", "spin_s", "membership", "shard_step", "_shard")
+
+    def __init__(self, handle: WorkerHandle, kind: str, spin_s: float, shard_step: bool = True) -> None:
         self.handle = handle
+        self.kind = kind  # "process" (or the backend's name) or "inline"
+        self.shard_step = shard_step  # it understands STEP_SHARD
         self.envs: set[int] = set()
-        self.pending: deque[tuple[int, float, ReplyHandler | None]] = deque()
+        self.pending: deque[_Pending] = deque()
         self.ready = False
         self.spin_s = spin_s  # what it was started with or last told
+        self.membership = 0  # ADD/REMOVE commands not yet answered: the worker's env set is uncertain
+        self._shard: np.ndarray | None = None
+
+    @property
+    def shard(self) -> np.ndarray:
+        """Its envs, sorted (what STEP_SHARD steps once ``membership`` is 0)."""
+        if self._shard is None:
+            self._shard = np.array(sorted(self.envs), dtype=np.int64)
+        return self._shard
+
+    def placement_changed(self) -> None:
+        self._shard = None
 
 
 def split_envs(num_envs: int, num_workers: int) -> list[list[int]]:
@@ -49,7 +74,12 @@ def split_envs(num_envs: int, num_workers: int) -> list[list[int]]:
 
 
 class WorkerPool:
-    """Owns the workers of one vector env and the env -> worker placement."""
+    """Owns the workers of one vector env and the env -> worker placement.
+
+    Workers are of two kinds: those of ``backend`` (processes or Ray actors) and, when an
+    ``inline`` backend is given, one inline worker in this process. ``resize`` moves envs
+    between them at episode boundaries.
+    """
 
     def __init__(
         self,
@@ -62,8 +92,12 @@ class WorkerPool:
         restart_backoff: float = 0.1,
         recycle_steps: int | None = None,
         recycle_rss_mb: float | None = None,
+        inline: Backend | None = None,
     ) -> None:
         self.backend = backend
+        self.backends: dict[str, Backend] = {"process": backend}
+        if inline is not None:
+            self.backends["inline"] = inline
         self.factories = list(factories)
         self.num_envs = len(factories)
         self.stats = stats
@@ -85,11 +119,12 @@ class WorkerPool:
         self.recycled = 0
         self._replies = 0
         self.workers: dict[int, _Worker] = {}
-        self.location: list[int | None] = [None] * self.num_envs
+        self.loc = np.full(self.num_envs, -1, dtype=np.int64)  # env -> hosting worker (-1: in transit or lost)
         self._next_id = 0
         self._loop = asyncio.get_running_loop()
         self._timed_out: set[int] = set()  # workers killed by step_timeout
-        self._all_groups: dict[int, list[int]] | None = None  # by_worker(all envs), until placement changes
+        self._groups: list[tuple[int, np.ndarray]] | None = None  # all envs by worker, until placement changes
+        self.kind = "process"  # where the last resize put the envs: "process" or "inline"
         # Resizing: envs move one at a time, each at an episode boundary of its own.
         self.movable: Callable[[int], bool] = lambda env_id: True  # set by the vector env
         self._retiring: set[int] = set()
@@ -98,26 +133,33 @@ class WorkerPool:
         self._stopping: list[asyncio.Task] = []
         self.moves = 0
 
+    @property
+    def location(self) -> list[int | None]:
+        """Env -> hosting worker id (None while it moves or after its worker was lost)."""
+        return [None if w < 0 else int(w) for w in self.loc.tolist()]
+
     # -- start / stop -------------------------------------------------------------------
-    async def start(self, num_workers: int) -> None:
-        """Start ``num_workers`` workers and place every env on one of them."""
-        shards = split_envs(self.num_envs, num_workers)
-        ids = [self._spawn() for _ in shards]
+    async def start(self, num_workers: int, kind: str = "process") -> None:
+        """Start ``num_workers`` workers of ``kind`` and place every env on one of them."""
+        self.kind = kind
+        shards = split_envs(self.num_envs, 1 if kind == "inline" else num_workers)
+        ids = [self._spawn(kind) for _ in shards]
         waits = []
-        for wid, shard in zip(ids, shards):
+        for wid, shard in zip(ids, shards, strict=True):
             for env_id in shard:
                 waits.append(self._add_env(wid, env_id, None))
         await self._gather(waits)
         self.started = True  # from now on a death may be survived (restarts)
 
-    def _spawn(self) -> int:
+    def _spawn(self, kind: str = "process") -> int:
         wid = self._next_id
         self._next_id += 1
-        handle = self.backend.start_worker(
+        backend = self.backends[kind]
+        handle = backend.start_worker(
             wid, lambda reply, wid=wid: self._on_reply(wid, reply), lambda code, tb, wid=wid: self._on_exit(wid, code, tb)
         )
-        w = self.workers[wid] = _Worker(handle, self.backend.spin_s)
-        w.pending.append((P.READY, time.perf_counter(), self._on_ready))
+        w = self.workers[wid] = _Worker(handle, kind, backend.spin_s, backend.shard_step)
+        w.pending.append(_Pending(P.READY, time.perf_counter(), self._on_ready, None))
         self.stats.worker(wid).pid = getattr(handle, "pid", None)
         return wid
 
@@ -125,92 +167,137 @@ class WorkerPool:
         if reply is not None:
             self.workers[wid].ready = True
             ws = self.stats.worker(wid)
-            ws.pid, ws.spin_s = reply[2] if isinstance(reply[2], tuple) else (reply[2], None)
+            ws.pid, ws.spin_s = reply.payload["pid"], reply.payload["spin_s"]
 
     def _on_tuned(self, wid: int, reply: Any, error: BaseException | None) -> None:
-        if reply is not None:
-            self.stats.worker(wid).spin_s = reply[2]["spin_s"]
+        if reply is not None and "spin_s" in reply.payload:
+            self.stats.worker(wid).spin_s = reply.payload["spin_s"]
 
     def _add_env(self, wid: int, env_id: int, state: dict | None) -> asyncio.Future:
         fut = self._loop.create_future()
-        self._all_groups = None
-        self.location[env_id] = wid
-        self.workers[wid].envs.add(env_id)
+        w = self.workers[wid]
+        self.loc[env_id] = wid
+        w.envs.add(env_id)
+        self._placement_changed(w)
         self.stats.worker(wid).envs += 1
-        self._send(wid, (P.ADD, env_id, self.factories[env_id], state), _resolver(fut))
+        w.membership += 1
+        self._send(wid, P.Add(env_id, self.factories[env_id], state), _chain(self._added, _resolver(fut)))
         return fut
+
+    def _added(self, wid: int, reply: Any, error: BaseException | None) -> None:
+        w = self.workers.get(wid)
+        if w is not None:
+            w.membership -= 1
+
+    def _placement_changed(self, w: _Worker | None) -> None:
+        self._groups = None
+        if w is not None:
+            w.placement_changed()
 
     async def close(self, grace: float) -> None:
         """CLOSE every worker, wait up to ``grace`` for each to exit, kill the rest."""
         self.closing = True
         for wid, w in self.workers.items():
             if w.handle.alive:
-                self._send(wid, (P.CLOSE,), None)
+                self._send(wid, P.Close(), None)
         handles = [w.handle for w in self.workers.values()]
         await asyncio.gather(*(h.stop(grace) for h in handles), *self._stopping, return_exceptions=True)
         # A worker that dies while closing (killed after the grace period) is reaped by _on_exit in a task
         # of its own, started after the gather above: close() returns only once that one is done too.
         while pending := [t for t in self._stopping if not t.done()]:
             await asyncio.gather(*pending, return_exceptions=True)
+        for wid in list(self.workers):
+            self.stats.retire(wid)
         self.workers.clear()
-        self.backend.close()
+        for backend in self.backends.values():
+            backend.close()
 
     def kill_all(self) -> None:
-        for w in self.workers.values():
+        for w in list(self.workers.values()):
             w.handle.kill()
 
     @property
     def num_workers(self) -> int:
         return len(self.workers)
 
+    @property
+    def num_processes(self) -> int:
+        """Workers that are processes (or actors), not inline."""
+        return sum(1 for w in self.workers.values() if w.kind != "inline")
+
     # -- commands -----------------------------------------------------------------------
-    def _send(self, wid: int, msg: tuple[Any, ...], handler: ReplyHandler | None) -> None:
+    def _send(self, wid: int, msg: Any, handler: ReplyHandler | None, env_ids: np.ndarray | None = None) -> None:
         w = self.workers[wid]
         t = time.perf_counter()
-        w.pending.append((msg[0], t, handler))
+        op = P.STEP if msg is P.STEP_SHARD else getattr(msg, "op", msg[0])
+        w.pending.append(_Pending(op, t, handler, env_ids))
         w.handle.send(msg)
-        if self.step_timeout is not None and msg[0] in (P.STEP, P.RESET):
+        if self.step_timeout is not None and op in (P.STEP, P.RESET):
             self._loop.call_at(self._loop.time() + self.step_timeout, self._check_deadline, wid, t)
 
     def _check_deadline(self, wid: int, t_sent: float) -> None:
         w = self.workers.get(wid)
-        if w is not None and w.pending and w.pending[0][1] <= t_sent and w.handle.alive:
+        if w is not None and w.pending and w.pending[0].t_sent <= t_sent and w.handle.alive:
             self._timed_out.add(wid)
             w.handle.kill()  # a hung step: treated as a crash of its worker
 
-    def by_worker(self, env_ids: Sequence[int] | None) -> dict[int, list[int]]:
-        """Group env ids (None: all envs) by the worker hosting them, order kept within a worker."""
+    def groups(self, env_ids: np.ndarray | None) -> list[tuple[int, np.ndarray]]:
+        """Env ids (None: all envs) by hosting worker (-1: in transit), order kept within a worker."""
         if env_ids is None:
-            if self._all_groups is None:
-                self._all_groups = self.by_worker(range(self.num_envs))
-            return self._all_groups
-        groups: dict[int, list[int]] = {}
-        loc = self.location
-        for i in env_ids:
-            groups.setdefault(loc[i], []).append(i)  # type: ignore[arg-type]
-        return groups
+            if self._groups is None:
+                self._groups = self._group(np.arange(self.num_envs))
+            return self._groups
+        return self._group(env_ids)
 
-    def submit(self, env_ids: Sequence[int] | None, build: Callable[[list[int]], tuple[Any, ...]], handler: ReplyHandler) -> int:
-        """Send one command per worker for ``env_ids``; ``handler`` sees each worker's reply. Returns #messages."""
-        groups = self.by_worker(env_ids)
-        sent = 0
-        for wid, ids in groups.items():
-            if wid is None:  # envs in transit: their commands follow them to the new worker
-                for i in ids:
-                    self._moving[i][1].append((build, handler))
-                    sent += 1
+    def _group(self, env_ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        where = self.loc[env_ids]
+        first = int(where[0])
+        if (where == first).all():
+            return [(first, env_ids)]
+        order = np.argsort(where, kind="stable")
+        bounds = np.flatnonzero(np.diff(where[order])) + 1
+        return [(int(where[g[0]]), env_ids[g]) for g in np.split(order, bounds)]
+
+    def step(self, env_ids: np.ndarray | None, handler: ReplyHandler) -> None:
+        """Send STEP for ``env_ids`` (None: all envs), one message per worker.
+
+        A worker whose whole, settled shard steps gets the one-byte STEP_SHARD; others get
+        explicit ids. Envs in transit step on their new worker when they arrive.
+        """
+        for wid, ids in self.groups(env_ids):
+            if wid < 0:
+                self._defer(ids, _step_msg, handler)
+                continue
+            w = self.workers[wid]
+            if w.shard_step and not w.membership and len(ids) == len(w.shard) and (env_ids is None or np.array_equal(ids, w.shard)):
+                self._send(wid, P.STEP_SHARD, handler, w.shard)
             else:
-                self._send(wid, build(ids), handler)
+                self._send(wid, P.Step(tuple(ids.tolist())), handler, ids)
+
+    def submit(self, env_ids: np.ndarray | None, build: Callable[[list[int]], Any], handler: ReplyHandler) -> int:
+        """Send one command per worker for ``env_ids``; ``handler`` sees each worker's reply. Returns #messages."""
+        sent = 0
+        for wid, ids in self.groups(env_ids):
+            if wid < 0:
+                sent += self._defer(ids, build, handler)
+            else:
+                self._send(wid, build(ids.tolist()), handler)
                 sent += 1
         return sent
 
-    async def request(self, env_ids: Sequence[int], build: Callable[[list[int]], tuple[Any, ...]]) -> tuple[dict[int, Any], list[EnvError]]:
+    def _defer(self, ids: np.ndarray, build: Callable[[list[int]], Any], handler: ReplyHandler | None) -> int:
+        """Queue a command for envs in transit: it follows each to its new worker."""
+        for i in ids.tolist():
+            self._moving[i][1].append((build, handler))
+        return len(ids)
+
+    async def request(self, env_ids: Sequence[int], build: Callable[[list[int]], Any]) -> tuple[dict[int, Any], list[EnvError]]:
         """Send a command for ``env_ids`` and await every reply: per-env payload items and env errors."""
         futs = []
-        for wid, ids in self.by_worker(env_ids).items():
-            for group in ([i] for i in ids) if wid is None else (ids,):
+        for wid, ids in self.groups(np.asarray(env_ids, dtype=np.int64)):
+            for group in ([i] for i in ids.tolist()) if wid < 0 else (ids.tolist(),):
                 fut = self._loop.create_future()
-                if wid is None:
+                if wid < 0:
                     self._moving[group[0]][1].append((build, _resolver(fut)))
                 else:
                     self._send(wid, build(group), _resolver(fut))
@@ -219,10 +306,9 @@ class WorkerPool:
         results: dict[int, Any] = {}
         errors: list[EnvError] = []
         for reply in replies:
-            _, ids, payload, errs, _ = reply
-            if payload is not None:
-                results.update(zip(ids, payload))
-            errors.extend(EnvError(*e) for e in errs or ())
+            if reply.payload is not None:
+                results.update(zip(reply.env_ids, reply.payload, strict=True))
+            errors.extend(EnvError(*e) for e in reply.errors or ())
         return results, errors
 
     async def _gather(self, futs: list[asyncio.Future]) -> list[Any]:
@@ -232,9 +318,8 @@ class WorkerPool:
             if isinstance(r, BaseException):
                 raise r
         for r in done:
-            if r[3]:
-                if r[0] == P.ADD:
-                    raise EnvError(*r[3][0])
+            if r.errors and r.op == P.ADD:
+                raise EnvError(*r.errors[0])
         return done
 
     # -- resizing -----------------------------------------------------------------------
@@ -247,21 +332,29 @@ class WorkerPool:
     def pending_moves(self) -> int:
         return len(self._targets) + len(self._moving)
 
-    async def resize(self, n: int) -> None:
-        """Aim for ``n`` workers: start new ones now; envs move as they reach episode boundaries;
-        workers left without envs are stopped."""
-        n = max(1, min(int(n), self.num_envs))
+    async def resize(self, n: int, kind: str | None = None) -> None:
+        """Aim for ``n`` workers of ``kind`` (default: the current kind; "inline" means one inline worker).
+
+        New workers start now; envs move as they reach episode boundaries; workers left
+        without envs are stopped.
+        """
+        kind = self.kind if kind is None else kind
+        n = 1 if kind == "inline" else max(1, min(int(n), self.num_envs))
+        self.kind = kind
+        # Workers of the other kind are retired as a whole.
+        self._retiring.update(w for w, x in self.workers.items() if x.kind != kind)
         active = sorted(w for w in self.workers if w not in self._retiring)
         if n > len(active):
             # Un-retire first (cheapest), then start new workers.
-            revive = sorted(self._retiring)[: n - len(active)]
+            revive = sorted(w for w in self._retiring if self.workers[w].kind == kind)[: n - len(active)]
             self._retiring.difference_update(revive)
-            new = [self._spawn() for _ in range(n - len(active) - len(revive))]
+            new = [self._spawn(kind) for _ in range(n - len(active) - len(revive))]
             if new:
                 waits = []
                 for wid in new:
                     fut = self._loop.create_future()
-                    self.workers[wid].pending[0] = (P.READY, time.perf_counter(), _chain(self._on_ready, _resolver(fut)))
+                    pending = self.workers[wid].pending
+                    pending[0] = pending[0]._replace(handler=_chain(self._on_ready, _resolver(fut)))
                     waits.append(fut)
                 await asyncio.gather(*waits)
         elif n < len(active):
@@ -278,52 +371,52 @@ class WorkerPool:
             return
         self.backend.spin_s = spin_s
         for wid, w in self.workers.items():
-            if w.spin_s != spin_s and wid not in self._retiring and w.handle.alive:
+            if w.kind != "inline" and w.spin_s != spin_s and wid not in self._retiring and w.handle.alive:
                 w.spin_s = spin_s
-                self._send(wid, (P.TUNE, {"spin_s": spin_s}), self._on_tuned)
+                self._send(wid, P.Tune({"spin_s": spin_s}), self._on_tuned)
 
     def _plan(self) -> None:
         active = sorted(w for w in self.workers if w not in self._retiring)
-        quota = dict(zip(active, (len(s) for s in split_envs(self.num_envs, len(active)))))
+        quota = dict(zip(active, (len(s) for s in split_envs(self.num_envs, len(active))), strict=True))
         kept = dict.fromkeys(active, 0)
         overflow = []
         for env in range(self.num_envs):
-            where = self._moving[env][0] if env in self._moving else self.location[env]
-            if where is None:
+            where = self._moving[env][0] if env in self._moving else int(self.loc[env])
+            if where < 0 and env not in self._moving:
                 continue  # lost with its worker
             if where in quota and kept[where] < quota[where]:
                 kept[where] += 1
             else:
                 overflow.append(env)
-        targets = {}
         free = [w for w in active for _ in range(quota[w] - kept[w])]
-        for env, wid in zip(overflow, free):
-            targets[env] = wid
-        self._targets = targets
+        self._targets = dict(zip(overflow, free, strict=False))
 
     def try_moves(self) -> None:
         """Start every planned move whose env is idle at an episode boundary."""
         for env in [e for e in self._targets if self.movable(e)]:
             dest = self._targets.pop(env)
-            src = self.location[env]
-            if src is None or src == dest or dest not in self.workers:
+            src = int(self.loc[env])
+            if src < 0 or src == dest or dest not in self.workers:
                 continue
-            self.location[env] = None
-            self._all_groups = None
+            self.loc[env] = -1
+            w = self.workers[src]
+            w.membership += 1
+            self._placement_changed(w)
             self._moving[env] = (dest, [])
-            self._send(src, (P.REMOVE, (env,)), lambda wid, reply, error, env=env: self._moved_out(env, wid, reply, error))
+            self._send(src, P.Remove((env,)), lambda wid, reply, error, env=env: self._moved_out(env, wid, reply, error))
 
     def _moved_out(self, env: int, src: int, reply: Any, error: BaseException | None) -> None:
         dest, deferred = self._moving.pop(env)
         w = self.workers.get(src)
+        if w is not None:
+            w.membership -= 1
         if error is not None:
             for _build, handler in deferred:
                 if handler is not None:
                     handler(src, None, error)
             return
-        _, _, states, errs, _ = reply
-        if errs:  # not at a boundary after all: stay, and retry later
-            self.location[env] = src
+        if reply.errors:  # not at a boundary after all: stay, and retry later
+            self.loc[env] = src
             self._targets[env] = dest
             target = src
         else:
@@ -331,27 +424,30 @@ class WorkerPool:
                 w.envs.discard(env)
                 self.stats.worker(src).envs -= 1
             target = dest if dest in self.workers else src
-            fut = self._add_env(target, env, states[env])
+            fut = self._add_env(target, env, reply.payload[env])
             fut.add_done_callback(lambda f, env=env, target=target: self._moved_in(env, target, f))
             self.moves += 1
-        self._all_groups = None
+        self._placement_changed(w)
         for build, handler in deferred:
-            self._send(target, build([env]), handler)
+            self._send(target, build([env]), handler, np.array([env]))
         self._stop_empty()
 
     def _moved_in(self, env: int, wid: int, fut: asyncio.Future) -> None:
         if fut.cancelled() or fut.exception() is not None:
             return  # the new worker died: on_lost reports it
         reply = fut.result()
-        if reply[3]:
-            err = WorkerCrashedError(wid, [env], None, reply[3][0][3], "the env could not be re-created on its new worker")
-            self.location[env] = None
-            self.workers[wid].envs.discard(env)
+        if reply.errors:
+            err = WorkerCrashedError(wid, [env], None, reply.errors[0].traceback, "the env could not be re-created on its new worker")
+            self.loc[env] = -1
+            w = self.workers.get(wid)
+            if w is not None:
+                w.envs.discard(env)
+                self._placement_changed(w)
             self.on_lost(err)
 
     def _check_recycle(self) -> None:
         for wid, w in list(self.workers.items()):
-            if wid in self._retiring or not w.envs:
+            if wid in self._retiring or not w.envs or w.kind == "inline":
                 continue
             ws = self.stats.worker(wid)
             old = self.recycle_steps is not None and ws.steps >= self.recycle_steps
@@ -362,7 +458,7 @@ class WorkerPool:
     def replace(self, wid: int) -> None:
         """Retire a worker in favour of a fresh one; its envs move at their episode boundaries."""
         self.recycled += 1
-        self._spawn()
+        self._spawn(self.workers[wid].kind)
         self._retiring.add(wid)
         self._plan()
         self.try_moves()
@@ -378,22 +474,26 @@ class WorkerPool:
                 self._retiring.discard(wid)
             elif not w.envs and not w.pending:
                 self._retiring.discard(wid)
-                self._send(wid, (P.CLOSE,), None)
+                self._send(wid, P.Close(), None)
                 del self.workers[wid]
+                self._placement_changed(None)
                 self.stats.retire(wid)
                 self._reap(w.handle)
 
     # -- replies and deaths -------------------------------------------------------------
-    def _on_reply(self, wid: int, reply: tuple[Any, ...]) -> None:
+    def _on_reply(self, wid: int, reply: P.Reply) -> None:
         w = self.workers.get(wid)
         if w is None:
             return
-        op, t_sent, handler = w.pending.popleft()
-        if reply[0] == P.STEP:
-            self.stats.record(wid, len(reply[1]), reply[4], time.perf_counter() - t_sent)
+        op, t_sent, handler, ids = w.pending.popleft()
+        if op == P.STEP:  # env ids as the array they were sent for (a STEP_SHARD reply names none)
+            if ids is None:
+                ids = np.asarray(reply.env_ids, dtype=np.int64)
+            reply = P.Reply(P.STEP, ids, reply.payload, reply.errors, reply.timing)
+            self.stats.record(wid, len(ids), reply.timing, time.perf_counter() - t_sent)
         if handler is not None:
             handler(wid, reply, None)
-        if wid in self._retiring and not w.pending:
+        if self._retiring and wid in self._retiring and not w.pending:
             self._stop_empty()
         if self.recycle_steps or self.recycle_rss_mb:
             self._replies += 1
@@ -405,9 +505,8 @@ class WorkerPool:
         if w is None:
             return
         env_ids = sorted(w.envs)
-        self._all_groups = None
-        for i in env_ids:
-            self.location[i] = None
+        self._placement_changed(None)
+        self.loc[env_ids] = -1
         cause = None
         if wid in self._timed_out:
             self._timed_out.discard(wid)
@@ -419,11 +518,12 @@ class WorkerPool:
         err = WorkerCrashedError(wid, env_ids, exitcode, tb, cause)
         self.stats.retire(wid)
         pending, w.pending = list(w.pending), deque()
-        for _op, _t, handler in pending:
-            if handler is not None:
-                handler(wid, None, err)
+        for p in pending:
+            if p.handler is not None:
+                p.handler(wid, None, err)
         # Reap it now (a long run with many restarts must not accumulate dead workers).
         self._reap(w.handle)
+        self._retiring.discard(wid)
         for env in [e for e, (dest, _) in self._moving.items() if dest == wid]:
             self._moving[env] = (-1, self._moving[env][1])  # was moving into the dead worker
             env_ids.append(env)
@@ -437,7 +537,7 @@ class WorkerPool:
             for env in env_ids:
                 self._moving.setdefault(env, (-1, []))
             self.on_restart(err)
-            self._loop.call_later(self._backoff, self._respawn, sorted(env_ids))
+            self._loop.call_later(self._backoff, self._respawn, sorted(env_ids), w.kind)
         else:
             for env in env_ids:
                 if env in self._moving:
@@ -446,16 +546,16 @@ class WorkerPool:
                             handler(wid, None, err)
             self.on_lost(err)
 
-    def _respawn(self, env_ids: list[int]) -> None:
+    def _respawn(self, env_ids: list[int], kind: str) -> None:
         if self.closing:
             return
-        wid = self._spawn()
+        wid = self._spawn(kind)
         for env in env_ids:
             _, deferred = self._moving.pop(env, (-1, []))
             fut = self._add_env(wid, env, self.restart_state(env))
             fut.add_done_callback(lambda f, env=env, wid=wid: self._moved_in(env, wid, f))
             for build, handler in deferred:
-                self._send(wid, build([env]), handler)
+                self._send(wid, build([env]), handler, np.array([env]))
         if self._targets or self._retiring:
             self._plan()
 
@@ -487,3 +587,7 @@ def _resolver(fut: asyncio.Future) -> ReplyHandler:
             fut.set_result(reply)
 
     return handler
+
+
+def _step_msg(ids: list[int]) -> P.Step:
+    return P.Step(tuple(ids))

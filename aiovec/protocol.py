@@ -1,37 +1,151 @@
-"""The messages between the parent and a worker: small pickled tuples.
+"""The messages between the parent and a worker: named tuples, plus one-frame fast paths.
 
-Bulk data (actions, observations, rewards, flags) never travels in a message:
-it sits in shared memory (process backend) or in the reply's ``arrays``
-(backends without shared memory). A message only names env ids.
+Bulk data (actions, observations, rewards, flags) never travels in a message: it
+sits in shared memory (process and inline workers) or in a reply's ``arrays``
+(backends without shared memory). A message names env ids explicitly, with one
+exception known to both sides: :data:`STEP_SHARD`, "step every env you host", which
+the parent sends only while no ADD/REMOVE to that worker is unanswered, so its view
+of the worker's envs is exact.
 
-Parent -> worker: ``(op, *args)``
-    ADD     (env_id, factory_bytes, state)   host an env; ``state`` carries an env moved from elsewhere
-    REMOVE  (env_ids,)                       stop hosting envs; reply carries their portable state
-    STEP    (env_ids,)                       step (or autoreset) each env with its action row
-    RESET   (env_ids, seeds, options)
-    CALL    (env_ids, kind, name, payload)   kind: "call" (payload=(args, kwargs)), "get", "set" (payload=values)
-    CLOSE   ()
-    TUNE    (options,)                       transport settings that change while it runs: {"spin_s": seconds}
-
-Worker -> parent: ``(op, env_ids, payload, errors, timing)`` where ``errors`` is
-``None`` or a list of ``(env_id, exc_type, message, traceback)`` and ``timing`` is
-``(cpu_s, wall_s, runq_s)`` for the whole command. READY's payload is the worker's pid, or
-``(pid, spin_s)`` from a worker that can spin; TUNE's is the settings now in effect.
+Parent -> worker: one of the command tuples below (pickled), or the one byte
+:data:`STEP_SHARD`. Worker -> parent: a pickled :class:`Reply`, or for a step that
+had no infos and no errors, the fixed :data:`FAST_REPLY` frame (a marker byte and the
+command's CPU and wall seconds).
 """
 
 from __future__ import annotations
 
 import pickle
-from typing import Any
+import struct
+from enum import IntEnum
+from typing import Any, NamedTuple
 
-ADD, REMOVE, STEP, RESET, CALL, CLOSE, READY, TUNE = range(8)
-OP_NAMES = ("add", "remove", "step", "reset", "call", "close", "ready", "tune")
+
+class Op(IntEnum):
+    ADD = 0
+    REMOVE = 1
+    STEP = 2
+    RESET = 3
+    CALL = 4
+    CLOSE = 5
+    READY = 6
+    TUNE = 7
+
+
+ADD, REMOVE, STEP, RESET, CALL, CLOSE, READY, TUNE = (int(o) for o in Op)
+
+
+class Add(NamedTuple):
+    """Host env ``env_id``; ``state`` carries an env moved from elsewhere (or restarted)."""
+
+    env_id: int
+    factory: bytes
+    state: dict | None
+    op: int = ADD
+
+
+class Remove(NamedTuple):
+    """Stop hosting ``env_ids``; the reply's payload maps each to its portable state."""
+
+    env_ids: tuple[int, ...]
+    op: int = REMOVE
+
+
+class Step(NamedTuple):
+    """Step (or autoreset) each env with its action row."""
+
+    env_ids: tuple[int, ...]
+    op: int = STEP
+
+
+class Reset(NamedTuple):
+    env_ids: tuple[int, ...]
+    seeds: list
+    options: dict | None
+    op: int = RESET
+
+
+class Call(NamedTuple):
+    """``kind``: "call" (payload ``(args, kwargs)``), "get", or "set" (payload: one value per env)."""
+
+    env_ids: tuple[int, ...]
+    kind: str
+    name: str
+    payload: Any
+    op: int = CALL
+
+
+class Close(NamedTuple):
+    op: int = CLOSE
+
+
+class Tune(NamedTuple):
+    """Settings that change while the worker runs: ``{"spin_s": s, "measure_runq": bool, "env_threads": k}``."""
+
+    options: dict
+    op: int = TUNE
+
+
+class Timing(NamedTuple):
+    """What one command cost inside the worker."""
+
+    cpu_s: float
+    wall_s: float
+    runq_s: float = 0.0
+
+
+class ErrorInfo(NamedTuple):
+    """An env's exception, as it travels back (``EnvError(*info)`` rebuilds it)."""
+
+    env_id: int
+    exc_type: str
+    message: str
+    traceback: str
+
+
+class Reply(NamedTuple):
+    """A worker's answer to one command, in command order.
+
+    ``env_ids`` is None for a :data:`STEP_SHARD` step (the parent knows the shard);
+    ``payload`` is per-command (infos for STEP/RESET, results for CALL, states for REMOVE,
+    ``{"pid": .., "spin_s": ..}`` for READY, the settings in effect for TUNE).
+    """
+
+    op: int
+    env_ids: tuple[int, ...] | None
+    payload: Any
+    errors: list[ErrorInfo] | None
+    timing: Timing
+
+
+NO_TIMING = Timing(0.0, 0.0, 0.0)
+
+STEP_SHARD = b"\x01"
+"""Command: step every env this worker hosts, in env-id order."""
+
+_FAST = struct.Struct("=Bdd")
+FAST_REPLY_SIZE = _FAST.size
+FAST_MARK = 1
+
+
+def fast_reply(cpu_s: float, wall_s: float) -> bytes:
+    """A step reply with no infos and no errors: a marker byte, then CPU and wall seconds."""
+    return _FAST.pack(FAST_MARK, cpu_s, wall_s)
+
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 def encode(msg: tuple[Any, ...]) -> bytes:
     return pickle.dumps(msg, _PROTOCOL)
+
+
+def decode_reply(frame: bytes | memoryview) -> Reply:
+    """Either frame form back into a :class:`Reply` (pickled frames start with 0x80, never 0x01)."""
+    if len(frame) == FAST_REPLY_SIZE and frame[0] == FAST_MARK:
+        _, cpu, wall = _FAST.unpack(frame)
+        return Reply(STEP, None, None, None, Timing(cpu, wall))
+    return pickle.loads(frame)
 
 
 decode = pickle.loads

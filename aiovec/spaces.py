@@ -50,7 +50,7 @@ def put_row(view: Any, row: int, value: Any) -> None:
         for k, v in view.items():
             put_row(v, row, value[k])
     elif isinstance(view, tuple):
-        for v, x in zip(view, value):
+        for v, x in zip(view, value, strict=True):
             put_row(v, row, x)
     else:
         view[row] = value
@@ -73,7 +73,7 @@ def put_rows(view: Any, rows: Any, values: Any) -> None:
         for k, v in view.items():
             put_rows(v, rows, values[k])
     elif isinstance(view, tuple):
-        for v, x in zip(view, values):
+        for v, x in zip(view, values, strict=True):
             put_rows(v, rows, x)
     else:
         view[rows] = values
@@ -94,7 +94,7 @@ def validate_actions(space: spaces.Space, actions: Any, n: int, path: str = "act
     if isinstance(space, spaces.Tuple):
         if not isinstance(actions, (tuple, list)) or len(actions) != len(space.spaces):
             raise InvalidActionError(f"{path} must be a tuple of {len(space.spaces)} batched parts")
-        return tuple(validate_actions(s, a, n, f"{path}[{i}]") for i, (s, a) in enumerate(zip(space.spaces, actions)))
+        return tuple(validate_actions(s, a, n, f"{path}[{i}]") for i, (s, a) in enumerate(zip(space.spaces, actions, strict=True)))
     return _validate_leaf(space, actions, n, path)
 
 
@@ -131,3 +131,29 @@ def _validate_leaf(space: spaces.Space, actions: Any, n: int, path: str) -> np.n
         row = int(np.argwhere(bad)[0][0])
         raise InvalidActionError(f"{path}: action {arr[row].tolist()} at position {row} is outside {space}")
     return arr
+
+
+class ActionChecker:
+    """``validate_actions`` for one space and batch size, with a fast path for the common case.
+
+    A numpy array of exactly the buffer's shape and dtype (what a policy usually hands over)
+    is checked with one comparison; anything else takes :func:`validate_actions`, which names
+    the problem. Built once per vector env: space type checks are not repeated per step.
+    """
+
+    def __init__(self, space: spaces.Space, n: int) -> None:
+        self.space, self.n = space, n
+        self._shape = (n, *space.shape) if isinstance(space, LEAF_SPACES) else None
+        self._dtype = np.dtype(space.dtype) if self._shape is not None else None
+        self._bound: int | None = None
+        if isinstance(space, spaces.Discrete) and int(space.start) == 0 and self._dtype.kind in "iu":
+            self._bound = int(space.n)
+        self._box = isinstance(space, spaces.Box)
+
+    def __call__(self, actions: Any, n: int) -> Any:
+        if n == self.n and type(actions) is np.ndarray and actions.shape == self._shape and actions.dtype == self._dtype:
+            if self._box:
+                return actions
+            if self._bound is not None and not (actions.view(np.uint64 if actions.itemsize == 8 else f"u{actions.itemsize}") >= self._bound).any():
+                return actions
+        return validate_actions(self.space, actions, n)

@@ -23,7 +23,7 @@ class LatencyRing:
         data = self._buf[: min(self._n, len(self._buf))]
         if data.size == 0:
             return {f"p{q:g}": float("nan") for q in qs}
-        return {f"p{q:g}": float(v) for q, v in zip(qs, np.percentile(data, qs))}
+        return {f"p{q:g}": float(v) for q, v in zip(qs, np.percentile(data, qs), strict=True)}
 
 
 @dataclass

@@ -8,9 +8,12 @@ loop on one pipe. Nothing here imports asyncio.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import os
+import select
 import signal
+import struct
 import sys
 import time
 import traceback
@@ -18,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import cloudpickle
+import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from . import protocol as P
@@ -54,7 +58,7 @@ class _Slot:
 
     def reset(self, seed: Any = None, options: Any = None) -> tuple[Any, dict]:
         """Reset, remembering enough to replay this reset elsewhere (see ``export``)."""
-        self.pre_reset_rng = copy.deepcopy(self.env.unwrapped.np_random)
+        self.pre_reset_rng = _snapshot(self.env.unwrapped.np_random)
         self.reset_args = (seed, options)
         obs, info = self.env.reset(seed=seed, options=options)
         self.steps = 0
@@ -68,7 +72,7 @@ class _Slot:
         if self.done:  # episode over, next call resets: only the generator matters
             return {"kind": "ended", "np_random": self.env.unwrapped.np_random, "needs_reset": self.needs_reset}
         if self.steps == 0:  # just reset: replay that reset from the generator it started with
-            return {"kind": "replay", "np_random": self.pre_reset_rng, "reset_args": self.reset_args}
+            return {"kind": "replay", "np_random": _restore(self.pre_reset_rng), "reset_args": self.reset_args}
         raise RuntimeError(f"env is {self.steps} steps into an episode; it can only move at an episode boundary")
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -81,61 +85,133 @@ class _Slot:
             self.reset(*state["reset_args"])
 
 
+def _snapshot(rng: Any) -> Any:
+    """A cheap copy of a generator's state (a deepcopy of the Generator costs ~100x more)."""
+    if isinstance(rng, np.random.Generator):
+        bits = rng.bit_generator
+        return (type(bits), bits.state)
+    return copy.deepcopy(rng)
+
+
+def _restore(snapshot: Any) -> Any:
+    if isinstance(snapshot, tuple) and len(snapshot) == 2 and isinstance(snapshot[0], type):
+        bits = snapshot[0]()
+        bits.state = snapshot[1]
+        return np.random.Generator(bits)
+    return snapshot
+
+
 class EnvHost:
-    """Hosts envs by global env id and executes commands on them."""
+    """Hosts envs by global env id and executes commands on them.
+
+    ``views`` are row-per-env buffers (shared memory, or the parent's own arrays for an
+    inline worker); the host writes only the rows of the envs it hosts.
+    """
 
     def __init__(self, views: Any, autoreset_mode: AutoresetMode, obs_space: Any, action_space: Any,
-                 env_threads: int = 1, check_obs: bool = False) -> None:
+                 env_threads: int = 1, check_obs: bool = False, measure_runq: bool = False) -> None:
         self.check_obs = check_obs  # validate every observation against the declared space
         self.views = views
         self.mode = autoreset_mode
         self.obs_space = obs_space
         self.action_space = action_space
         self.slots: dict[int, _Slot] = {}
+        self.shard: list[int] = []  # hosted env ids, sorted: what STEP_SHARD steps
         self._runq = _RunQueueClock()
-        # env_threads > 1: step a command's envs concurrently (for envs that wait with the GIL
-        # released: simulators over sockets, sleeps). CPU is then counted for the whole process.
-        self._threads = ThreadPoolExecutor(env_threads, thread_name_prefix="aiovec-env") if env_threads > 1 else None
+        self.measure_runq = measure_runq  # read schedstat per command (only while a controller needs it)
+        self._threads: ThreadPoolExecutor | None = None
+        self.env_threads = 1
+        self._cpu_clock = time.thread_time
+        self.set_threads(env_threads)
+        # Flat spaces (one array per buffer) skip the generic row helpers on the hot path.
+        flat_act = isinstance(views.actions, np.ndarray)
+        self._get_action = (_flat_action(views.actions) if flat_act else (lambda i: get_row(views.actions, i)))
+        self._put_obs = views.obs.__setitem__ if isinstance(views.obs, np.ndarray) else (lambda i, o: put_row(views.obs, i, o))
+
+    def set_threads(self, env_threads: int) -> None:
+        """Step a command's envs on ``env_threads`` threads (for envs that wait with the GIL released).
+
+        With threads, CPU time is counted for the whole process (all its threads), not this thread.
+        """
+        env_threads = max(1, int(env_threads))
+        if env_threads == self.env_threads and (self._threads is not None) == (env_threads > 1):
+            return
+        old, self._threads = self._threads, (ThreadPoolExecutor(env_threads, thread_name_prefix="aiovec-env") if env_threads > 1 else None)
+        self.env_threads = env_threads
+        if old is not None:
+            old.shutdown(wait=True)
         self._cpu_clock = time.process_time if self._threads is not None else time.thread_time
 
     # -- commands -------------------------------------------------------------------
-    def handle(self, msg: tuple[Any, ...]) -> tuple[Any, ...]:
-        op = msg[0]
-        c0, w0, r0 = self._cpu_clock(), time.perf_counter(), self._runq()
-        errors: list[tuple[int, str, str, str]] = []
+    def handle(self, msg: Any) -> P.Reply:
+        """Execute one named command and return its :class:`~aiovec.protocol.Reply`."""
+        op = getattr(msg, "op", None)
+        c0, w0 = self._cpu_clock(), time.perf_counter()
+        r0 = self._runq() if self.measure_runq else 0.0
+        errors: list[P.ErrorInfo] = []
+        ids = getattr(msg, "env_ids", ())
         if op == P.STEP:
-            ids, payload = msg[1], self._step(msg[1], errors)
+            payload, errs = self.step(msg.env_ids)
+            errors = errs or errors
         elif op == P.RESET:
-            ids, payload = msg[1], self._reset(msg[1], msg[2], msg[3], errors)
+            payload = self._reset(msg.env_ids, msg.seeds, msg.options, errors)
         elif op == P.CALL:
-            ids, payload = msg[1], self._call(msg[1], msg[2], msg[3], msg[4], errors)
+            payload = self._call(msg.env_ids, msg.kind, msg.name, msg.payload, errors)
         elif op == P.ADD:
-            ids, payload = (msg[1],), self._add(msg[1], msg[2], msg[3], errors)
+            ids, payload = (msg.env_id,), self._add(msg.env_id, msg.factory, msg.state, errors)
         elif op == P.REMOVE:
-            ids, payload = msg[1], self._remove(msg[1], errors)
+            payload = self._remove(msg.env_ids, errors)
         elif op == P.CLOSE:
             ids, payload = tuple(self.slots), self.close()
+        elif op == P.TUNE:
+            payload = self.tune(msg.options)
         else:
-            raise ValueError(f"unknown command {op!r}")
-        timing = (self._cpu_clock() - c0, time.perf_counter() - w0, self._runq() - r0)
-        return (op, ids, payload, errors or None, timing)
+            raise ValueError(f"unknown command {msg!r:.100}")
+        timing = P.Timing(self._cpu_clock() - c0, time.perf_counter() - w0, self._runq() - r0 if self.measure_runq else 0.0)
+        return P.Reply(op, ids, payload, errors or None, timing)
 
-    def _step(self, ids: tuple[int, ...], errors: list) -> list | None:
+    def tune(self, options: dict) -> dict:
+        """Apply run-time settings this host owns; returns them as now in effect."""
+        if "env_threads" in options:
+            self.set_threads(options["env_threads"])
+        if "measure_runq" in options:
+            self.measure_runq = bool(options["measure_runq"])
+        return {"env_threads": self.env_threads, "measure_runq": self.measure_runq}
+
+    def step_shard(self) -> tuple[P.Timing, list | None, list | None]:
+        """Step every hosted env (STEP_SHARD): ``(timing, infos or None, errors or None)``."""
+        c0, w0 = self._cpu_clock(), time.perf_counter()
+        r0 = self._runq() if self.measure_runq else 0.0
+        infos, errors = self.step(self.shard)
+        return (P.Timing(self._cpu_clock() - c0, time.perf_counter() - w0, self._runq() - r0 if self.measure_runq else 0.0),
+                infos, errors)
+
+    def step(self, ids: Any) -> tuple[list | None, list | None]:
+        """Step (or autoreset) each env in ``ids``: ``(infos aligned with ids or None, errors or None)``."""
         if self._threads is not None and len(ids) > 1:
-            results = list(self._threads.map(self._step_one, ids))
-        else:
-            results = [self._step_one(i) for i in ids]
-        infos: list | None = None
-        for k, (info, err) in enumerate(results):
+            results = list(self._threads.map(self.step_one, ids))
+            infos = errors = None
+            for k, (info, err) in enumerate(results):
+                if err is not None:
+                    errors = [*(errors or ()), err]
+                elif info:
+                    if infos is None:
+                        infos = [None] * len(ids)
+                    infos[k] = info
+            return infos, errors
+        infos = errors = None
+        step_one = self.step_one
+        for k, i in enumerate(ids):
+            info, err = step_one(i)
             if err is not None:
-                errors.append(err)
+                errors = [*(errors or ()), err]
             elif info:
                 if infos is None:
                     infos = [None] * len(ids)
                 infos[k] = info
-        return infos
+        return infos, errors
 
-    def _step_one(self, i: int) -> tuple[dict | None, tuple | None]:
+    def step_one(self, i: int) -> tuple[dict | None, P.ErrorInfo | None]:
         """Step (or autoreset) env ``i`` and write its row; rows are disjoint, so threads may share this."""
         v, slot = self.views, self.slots[i]
         try:
@@ -143,19 +219,21 @@ class EnvHost:
                 obs, info = slot.reset()
                 reward, term, trunc = 0.0, False, False
             else:
-                obs, reward, term, trunc, info = slot.env.step(get_row(v.actions, i))
+                obs, reward, term, trunc, info = slot.env.step(self._get_action(i))
                 slot.steps = (slot.steps or 0) + 1
-                slot.done = bool(term or trunc)
-                if slot.done:
+                if term or trunc:
+                    slot.done = True
                     if self.mode == AutoresetMode.SAME_STEP:
                         final = {"final_obs": obs, "final_info": info}
                         obs, info = slot.reset()
                         info = {**final, **info}
                     elif self.mode == AutoresetMode.NEXT_STEP:
                         slot.needs_reset = True
+                else:
+                    slot.done = False
             if self.check_obs:
                 self._check(obs)
-            put_row(v.obs, i, obs)
+            self._put_obs(i, obs)
         except Exception as exc:
             return None, _describe(i, exc)
         v.rewards[i] = reward
@@ -166,13 +244,13 @@ class EnvHost:
     def _reset(self, ids: tuple[int, ...], seeds: list, options: dict | None, errors: list) -> list | None:
         v = self.views
         infos: list | None = None
-        for k, (i, seed) in enumerate(zip(ids, seeds)):
+        for k, (i, seed) in enumerate(zip(ids, seeds, strict=True)):
             slot = self.slots[i]
             try:
                 obs, info = slot.reset(seed, options)
                 if self.check_obs:
                     self._check(obs)
-                put_row(v.obs, i, obs)
+                self._put_obs(i, obs)
             except Exception as exc:
                 errors.append(_describe(i, exc))
                 continue
@@ -227,6 +305,7 @@ class EnvHost:
                 errors.append(_describe(env_id, exc))
                 return
         self.slots[env_id] = slot
+        bisect.insort(self.shard, env_id)
 
     def _remove(self, ids: tuple[int, ...], errors: list) -> dict[int, dict]:
         states = {}
@@ -237,6 +316,7 @@ class EnvHost:
                 errors.append(_describe(i, exc))
                 continue
             slot = self.slots.pop(i)
+            self.shard.remove(i)
             try:
                 slot.env.close()
             except Exception as exc:
@@ -250,10 +330,21 @@ class EnvHost:
             except Exception:
                 pass
         self.slots.clear()
+        self.shard.clear()
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
 
 
-def _describe(env_id: int, exc: BaseException) -> tuple[int, str, str, str]:
-    return (env_id, type(exc).__name__, str(exc), "".join(traceback.format_exception(exc)))
+def _flat_action(actions: np.ndarray) -> Any:
+    """Row ``i`` of a flat action buffer, as the single space's sample would look."""
+    if actions.ndim == 1:
+        return actions.__getitem__  # a numpy scalar: immutable, no copy needed
+    # A copy, so an env that keeps its action never sees the next one overwrite it.
+    return lambda i: actions[i].copy()
+
+
+def _describe(env_id: int, exc: BaseException) -> P.ErrorInfo:
+    return P.ErrorInfo(env_id, type(exc).__name__, str(exc), "".join(traceback.format_exception(exc)))
 
 
 # -- process transport ----------------------------------------------------------------
@@ -303,6 +394,57 @@ def initialize(conn: Any, buffers: Any) -> None:
         os._exit(0)
 
 
+class _Channel:
+    """The worker's end of its socket: length-prefixed frames (multiprocessing's), raw fd I/O.
+
+    The fd is non-blocking; :meth:`wait` blocks in ``poll`` (or spins on it first).
+    """
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn  # kept so the fd stays open
+        self.fd = conn.fileno()
+        os.set_blocking(self.fd, False)
+        self._poll = select.poll()
+        self._poll.register(self.fd, select.POLLIN)
+        self._buf = b""
+
+    def recv(self, spin_s: float) -> bytes:
+        """The next frame; raises EOFError when the parent is gone."""
+        while True:
+            buf = self._buf
+            if len(buf) >= 4:
+                size = _HEADER.unpack_from(buf)[0]
+                if len(buf) >= 4 + size:
+                    self._buf = buf[4 + size :]
+                    return buf[4 : 4 + size]
+            if spin_s > 0:
+                end = time.perf_counter() + spin_s
+                while not self._poll.poll(0) and time.perf_counter() < end:
+                    pass
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                self._poll.poll()
+                continue
+            if not chunk:
+                raise EOFError
+            self._buf = buf + chunk if buf else chunk
+
+    def send(self, payload: bytes) -> None:
+        data = memoryview(_HEADER.pack(len(payload)) + payload)
+        while data:
+            try:
+                data = data[os.write(self.fd, data) :]
+            except BlockingIOError:
+                select.select([], [self.fd], [])
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+_HEADER = struct.Struct("!i")  # multiprocessing.Connection's frame header
+
+
 def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = None) -> None:
     """The worker's whole life: answer commands until CLOSE; exit at once when the parent goes.
 
@@ -310,31 +452,37 @@ def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = 
     blocking. Waking a sleeping CPU costs ~50-100 us on many VMs, more than a cheap
     env step; the parent only asks for a spin when there is a spare core for it.
     """
-    conn = _conn
+    chan = _Channel(_conn)
     host = EnvHost(_buffers.views(), AutoresetMode(autoreset_mode), _buffers.obs_space, _buffers.action_space, **(host_options or {}))
-    recv, send, poll = conn.recv_bytes, conn.send_bytes, conn.poll
-    clock = time.perf_counter
-    send(P.encode((P.READY, (), (os.getpid(), spin_s), None, (0.0, 0.0, 0.0))))
+    encode, fast_reply, step_shard = P.encode, P.fast_reply, host.step_shard
+    chan.send(encode(P.Reply(P.READY, (), {"pid": os.getpid(), "spin_s": spin_s}, None, P.NO_TIMING)))
     while True:
-        if spin_s > 0:
-            end = clock() + spin_s
-            while clock() < end and not poll(0):
-                pass
         try:
-            msg = P.decode(recv())
+            frame = chan.recv(spin_s)
         except (EOFError, OSError):
             # The parent is gone (or closed us without CLOSE): the executor's own queues
             # would keep this process waiting forever, so leave now.
             os._exit(0)
-        if msg[0] == P.TUNE:
-            spin_s = float(msg[1].get("spin_s", spin_s))
-            reply = (P.TUNE, (), {"spin_s": spin_s}, None, (0.0, 0.0, 0.0))
+        if frame == P.STEP_SHARD:
+            timing, infos, errors = step_shard()
+            if infos is None and errors is None and not timing.runq_s:
+                out = fast_reply(timing.cpu_s, timing.wall_s)
+            else:
+                out = encode(P.Reply(P.STEP, None, infos, errors, timing))
+            msg = None
         else:
-            reply = host.handle(msg)
+            msg = P.decode(frame)
+            op = getattr(msg, "op", None)
+            if op == P.TUNE and "spin_s" in msg.options:
+                spin_s = float(msg.options["spin_s"])
+            reply = host.handle(msg)  # an unknown command raises: the worker dies with the reason
+            if op == P.TUNE:
+                reply = reply._replace(payload={**reply.payload, "spin_s": spin_s})
+            out = encode(reply)
         try:
-            send(P.encode(reply))
-        except (BrokenPipeError, OSError):
+            chan.send(out)
+        except OSError:
             os._exit(0)
-        if msg[0] == P.CLOSE:
-            conn.close()
+        if msg is not None and op == P.CLOSE:
+            chan.close()
             return

@@ -49,6 +49,7 @@ class Backend(ABC):
     name: str = "?"
     can_spin: bool = False  # workers can poll for their next command (TUNE changes how long) before sleeping
     spin_s: float = 0.0  # that poll, for workers started from now on
+    shard_step: bool = True  # workers understand STEP_SHARD ("step every env you host")
 
     @abstractmethod
     def start_worker(self, worker_id: int, on_reply: ReplyCallback, on_exit: ExitCallback) -> WorkerHandle:

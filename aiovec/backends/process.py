@@ -23,6 +23,7 @@ from typing import Any
 
 from .. import protocol as P
 from .. import worker as worker_side
+from ..protocol import decode_reply
 from ..shm import SharedBuffers
 from .base import Backend, ExitCallback, ReplyCallback, WorkerHandle
 
@@ -146,10 +147,10 @@ class ProcessWorker(WorkerHandle):
     # worker side keeps plain Connection.recv_bytes/send_bytes. The parent's end is
     # non-blocking: a write never stalls the loop (leftovers wait for add_writer) and one
     # read may carry several replies.
-    def send(self, msg: tuple[Any, ...]) -> None:
+    def send(self, msg: tuple[Any, ...] | bytes) -> None:
         if self._exited:
             return
-        payload = P.encode(msg)
+        payload = msg if isinstance(msg, bytes) else P.encode(msg)
         frame = _HEADER.pack(len(payload)) + payload
         if self._wbuf:
             self._wbuf += frame
@@ -194,7 +195,7 @@ class ProcessWorker(WorkerHandle):
             size = _HEADER.unpack_from(buf, pos)[0]
             if end - pos - 4 < size:
                 break
-            reply = P.decode(buf[pos + 4 : pos + 4 + size])
+            reply = decode_reply(buf[pos + 4 : pos + 4 + size])
             pos += 4 + size
             self._on_reply(reply)
             if self._exited:

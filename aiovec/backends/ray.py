@@ -61,10 +61,10 @@ class _Actor:
 
     def handle(self, msg: tuple, actions: Any) -> tuple[tuple, Any]:
         if actions is not None:
-            put_rows(self.views.actions, list(msg[1]), actions)
+            put_rows(self.views.actions, list(msg.env_ids), actions)
         reply = self.host.handle(msg)
-        if msg[0] in (P.STEP, P.RESET):
-            v, rows = self.views, list(reply[1])
+        if msg.op in (P.STEP, P.RESET):
+            v, rows = self.views, list(reply.env_ids)
             return reply, (take(v.obs, rows), v.rewards[rows], v.terminations[rows], v.truncations[rows])
         return reply, None
 
@@ -93,8 +93,8 @@ class RayWorker(WorkerHandle):
         if self._exited:
             return
         actions = None
-        if msg[0] == P.STEP:
-            actions = take(self._b.views.actions, list(msg[1]))
+        if msg.op == P.STEP:
+            actions = take(self._b.views.actions, list(msg.env_ids))
         self._track(self.actor.handle.remote(msg, actions))
 
     def _track(self, ref: Any, ready: bool = False) -> None:
@@ -114,11 +114,11 @@ class RayWorker(WorkerHandle):
                 return
             if is_ready:
                 self.pid = result
-                self._on_reply((P.READY, (), result, None, (0.0, 0.0, 0.0)))
+                self._on_reply(P.Reply(P.READY, (), {"pid": result, "spin_s": None}, None, P.NO_TIMING))
                 continue
             reply, arrays = result
             if arrays is not None:
-                v, rows = self._b.views, list(reply[1])
+                v, rows = self._b.views, list(reply.env_ids)
                 put_rows(v.obs, rows, arrays[0])
                 v.rewards[rows], v.terminations[rows], v.truncations[rows] = arrays[1], arrays[2], arrays[3]
             self._on_reply(reply)
@@ -150,6 +150,7 @@ class RayBackend(Backend):
     """``backend="ray"``: workers are Ray actors; ``ray_options`` pass through to ``.options()``."""
 
     name = "ray"
+    shard_step = False  # an actor gets explicit ids: its command carries the action rows
 
     def __init__(self, obs_space: Any, action_space: Any, num_envs: int, autoreset_mode: str,
                  address: str | None = None, actor_options: dict | None = None, host_options: dict | None = None) -> None:

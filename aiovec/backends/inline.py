@@ -1,0 +1,194 @@
+"""Inline workers: envs stepped inside the parent, on the event loop, for envs too cheap for IPC.
+
+A CartPole step costs ~11 us; the bare round trip to another process costs 20 us or
+more, so for a handful of cheap envs any worker process loses to stepping them here.
+An inline worker speaks the same protocol as a process worker, into the same buffers
+(the vector env's shared memory), so the pool treats it as one more worker and envs
+move between it and worker processes at episode boundaries like any other move.
+
+The event loop is never held for long: a step command runs in slices of at most
+:data:`SLICE_S` of env work, yielding to the loop between slices; commands that may be
+slow (building, resetting, closing an env, ``call``) run in a helper thread while the
+worker's queue waits, so commands still execute one at a time and in order.
+
+What it gives up: an env that segfaults takes the application with it, and an env that
+hangs cannot be killed (so ``step_timeout`` and ``placement="process"`` exclude it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import deque
+from typing import Any
+
+from gymnasium.vector import AutoresetMode
+
+from .. import protocol as P
+from ..threads import in_thread
+from ..worker import EnvHost
+from .base import Backend, ExitCallback, ReplyCallback, WorkerHandle
+
+SLICE_S = 250e-6
+"""Env work done in one turn of the event loop before yielding (the loop stays responsive)."""
+
+
+class InlineWorker(WorkerHandle):
+    """Envs hosted by an :class:`~aiovec.worker.EnvHost` in this process."""
+
+    kind = "inline"
+
+    def __init__(self, worker_id: int, views: Any, autoreset_mode: str, obs_space: Any, action_space: Any,
+                 host_options: dict, on_reply: ReplyCallback, on_exit: ExitCallback) -> None:
+        self.worker_id = worker_id
+        self.pid = os.getpid()
+        self._loop = asyncio.get_running_loop()
+        self._on_reply = on_reply
+        self._on_exit = on_exit
+        self._host = EnvHost(views, AutoresetMode(autoreset_mode), obs_space, action_space, **host_options)
+        self._queue: deque[Any] = deque()
+        self._scheduled = False
+        self._busy = False  # a command runs in the helper thread
+        self._exited = False
+        self._closed = self._loop.create_future()
+        # The step in progress: (ids, next index, infos, errors, cpu0, wall0).
+        self._step: list | None = None
+        self._loop.call_soon(self._reply, P.Reply(P.READY, (), {"pid": self.pid, "spin_s": None}, None, P.NO_TIMING))
+
+    @property
+    def alive(self) -> bool:
+        return not self._exited
+
+    def send(self, msg: tuple[Any, ...] | bytes) -> None:
+        """Queue a command. A STEP_SHARD arriving at an idle worker starts at once, in the caller's
+        turn (its first slice): the reply may then be delivered before ``send`` returns."""
+        if self._exited:
+            return
+        self._queue.append(msg)
+        if msg is P.STEP_SHARD and len(self._queue) == 1 and not self._busy and not self._scheduled:
+            self._run()
+        else:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled and not self._busy:
+            self._scheduled = True
+            self._loop.call_soon(self._run)
+
+    def _run(self) -> None:
+        self._scheduled = False
+        deadline = time.perf_counter() + SLICE_S
+        while self._queue and not self._exited and not self._busy:
+            msg = self._queue[0]
+            if isinstance(msg, bytes) or msg.op == P.STEP:
+                if not self._run_step(msg, deadline):
+                    self._schedule()  # more envs to step: let the loop breathe first
+                    return
+                self._queue.popleft()
+                if time.perf_counter() >= deadline:
+                    self._schedule()
+                    return
+            else:
+                self._queue.popleft()
+                self._run_in_thread(msg)
+                return
+
+    def _run_step(self, msg: Any, deadline: float) -> bool:
+        """Step envs until done (True) or the slice is used up (False)."""
+        host = self._host
+        if self._step is None:
+            ids = host.shard if isinstance(msg, bytes) else msg.env_ids
+            self._step = [tuple(ids), 0, None, None, host._cpu_clock(), time.perf_counter()]
+        st = self._step
+        ids, k = st[0], st[1]
+        step_one, clock, n = host.step_one, time.perf_counter, len(ids)
+        while k < n:
+            info, err = step_one(ids[k])
+            if err is not None:
+                st[3] = [*(st[3] or ()), err]
+            elif info:
+                if st[2] is None:
+                    st[2] = [None] * n
+                st[2][k] = info
+            k += 1
+            if k < n and clock() >= deadline:
+                st[1] = k
+                return False
+        self._step = None
+        timing = P.Timing(host._cpu_clock() - st[4], time.perf_counter() - st[5])
+        self._reply(P.Reply(P.STEP, None if isinstance(msg, bytes) else ids, st[2], st[3], timing))
+        return True
+
+    def _run_in_thread(self, msg: Any) -> None:
+        self._busy = True
+        fut = in_thread(self._host.handle, msg)
+        fut.add_done_callback(lambda f, msg=msg: self._thread_done(msg, f))
+
+    def _thread_done(self, msg: Any, fut: asyncio.Future) -> None:
+        self._busy = False
+        if self._exited:
+            return
+        exc = fut.exception()
+        if exc is not None:  # a bug in the host itself, not an env error: the worker is gone
+            self._die(f"{type(exc).__name__}: {exc}")
+            return
+        self._reply(fut.result())
+        if msg.op == P.CLOSE:
+            self._exited = True
+            if not self._closed.done():
+                self._closed.set_result(None)
+            return
+        self._schedule()
+
+    def _reply(self, reply: P.Reply) -> None:
+        if not self._exited:
+            self._on_reply(reply)
+
+    def _die(self, tb: str | None) -> None:
+        if self._exited:
+            return
+        self._exited = True
+        self._queue.clear()
+        self._host.close()
+        if not self._closed.done():
+            self._closed.set_result(None)
+        self._on_exit(None, tb)
+
+    def kill(self) -> None:
+        """Drop the envs and report the worker gone (an env mid-step in a thread finishes first)."""
+        if not self._exited:
+            self._die("the inline worker was stopped")
+
+    async def stop(self, grace: float) -> None:
+        """Wait for the CLOSE already queued to run (up to ``grace``), then release everything."""
+        if not self._exited:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._closed), grace)
+            except asyncio.TimeoutError:
+                pass
+        if not self._exited:
+            self._exited = True
+            self._queue.clear()
+            if not self._busy:
+                self._host.close()
+
+
+class InlineBackend(Backend):
+    """Starts inline workers over the parent's views of the vector env's buffers."""
+
+    name = "inline"
+
+    def __init__(self, views: Any, autoreset_mode: str, obs_space: Any, action_space: Any, host_options: dict | None = None) -> None:
+        self.views = views
+        self.autoreset_mode = autoreset_mode
+        self.obs_space, self.action_space = obs_space, action_space
+        # Threads inside the event loop's process would only contend with it: an inline worker steps in turn.
+        self.host_options = {**(host_options or {}), "env_threads": 1}
+
+    def start_worker(self, worker_id: int, on_reply: ReplyCallback, on_exit: ExitCallback) -> WorkerHandle:
+        return InlineWorker(worker_id, self.views, self.autoreset_mode, self.obs_space, self.action_space,
+                            self.host_options, on_reply, on_exit)
+
+    def cpus(self) -> float:
+        return 1.0

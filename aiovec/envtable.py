@@ -1,0 +1,296 @@
+"""The per-env state machine of one vector env: the single owner of every env's state.
+
+Each env is in one :class:`EnvState`. Transitions are methods named after the event
+that causes them, vectorised over arrays of env ids, so the hot path (a whole batch
+stepped without errors) costs a few numpy operations whatever the number of envs::
+
+    IDLE --send--> STEPPING --step_done--> READY --collect--> IDLE
+    IDLE/BROKEN --begin_reset--> RESETTING --reset_done--> IDLE (or BROKEN)
+    STEPPING --step_failed--> BROKEN (the env raised; reset it)
+    any --worker_lost--> LOST (a READY result already in the buffers stays deliverable)
+    STEPPING --worker_restarted--> READY (a synthesised truncation: the worker died mid-step)
+    IDLE/READY --worker_restarted--> flagged "restarted": the next send truncates instead of stepping
+
+The table knows nothing of workers, sockets or asyncio; the vector env calls its
+transitions from reply handlers, and :meth:`check` verifies the invariants (run after
+every transition in debug mode: ``python -X dev`` or ``AIOVEC_DEBUG=1``).
+
+Placement (which worker hosts an env, moves in progress) is not here: it belongs to
+the pool, which only asks the vector env whether an env may move (:meth:`movable`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from .errors import EnvStateError, WorkerCrashedError
+
+
+class EnvState(IntEnum):
+    """Where one env is in its step cycle."""
+
+    IDLE = 0  # may be sent an action or reset
+    STEPPING = 1  # a step command is in flight
+    READY = 2  # its result is in the buffers, not yet handed out by recv/step
+    RESETTING = 3  # a reset command is in flight
+    BROKEN = 4  # its last step or reset raised: only a reset is allowed
+    LOST = 5  # its worker died and no restart was left
+
+
+STATE_NAMES = {
+    EnvState.IDLE: "idle",
+    EnvState.STEPPING: "stepping",
+    EnvState.READY: "ready (result not received yet)",
+    EnvState.RESETTING: "resetting",
+    EnvState.BROKEN: "broken (reset it)",
+    EnvState.LOST: "lost (worker died)",
+}
+
+IDLE, STEPPING, READY, RESETTING, BROKEN, LOST = (int(s) for s in EnvState)
+
+
+def debug_enabled() -> bool:
+    """Whether invariants are checked after every transition (``-X dev`` or ``AIOVEC_DEBUG=1``)."""
+    return bool(sys.flags.dev_mode or os.environ.get("AIOVEC_DEBUG"))
+
+
+class EnvTable:
+    """States, episode boundaries, arrival order and pending infos of ``num_envs`` envs.
+
+    Invariants (see :meth:`check`):
+
+    - ``in_flight`` equals the number of STEPPING envs;
+    - ``num_ready`` equals the number of READY envs, and each has a distinct arrival number;
+    - only IDLE or READY envs carry the ``restarted`` flag;
+    - every LOST env has the error that lost it; an env with a pending info is READY.
+    """
+
+    def __init__(self, num_envs: int, *, debug: bool | None = None) -> None:
+        n = self.num_envs = num_envs
+        self.state = np.full(n, IDLE, dtype=np.int8)
+        self.boundary = np.ones(n, dtype=np.bool_)  # at an episode boundary: may move between workers
+        self.restarted = np.zeros(n, dtype=np.bool_)  # its worker was replaced while it was idle
+        self.arrival = np.zeros(n, dtype=np.int64)  # order in which READY envs finished
+        self._next_arrival = 0
+        self.infos: dict[int, dict] = {}  # READY env -> its non-empty info
+        self.lost: dict[int, WorkerCrashedError] = {}
+        self.in_flight = 0
+        self.num_ready = 0
+        self.num_restarted = 0
+        self._busy_s = 0.0  # time with at least one step in flight: the caller's demand
+        self._busy_since = 0.0
+        self.debug = debug_enabled() if debug is None else debug
+        self.all = np.arange(n)
+
+    # -- queries ------------------------------------------------------------------------
+    def require(self, ids: Any, allowed: tuple[int, ...], what: str) -> None:
+        """Raise unless every env in ``ids`` is in one of ``allowed`` (a lost env raises its crash)."""
+        st = self.state[ids]
+        if allowed == (IDLE,):  # IDLE is 0: one reduction, the hot path of every send
+            if not st.any():
+                return
+            bad = st != IDLE
+        else:
+            bad = ~np.isin(st, allowed)
+        if bad.any():
+            i = int(self.all[ids][np.argmax(bad)])
+            if self.state[i] == LOST and i in self.lost:
+                raise self.lost[i]
+            raise EnvStateError(f"cannot {what} env {i}: it is {STATE_NAMES[EnvState(self.state[i])]}")
+
+    def all_idle(self) -> bool:
+        return not self.in_flight and not self.num_ready and bool((self.state == IDLE).all())
+
+    def oldest_ready(self, k: int) -> np.ndarray:
+        """The ``k`` READY envs that finished first, in the order they finished."""
+        ready = np.flatnonzero(self.state == READY)
+        if len(ready) > k or (len(ready) > 1 and not _sorted(self.arrival[ready])):
+            ready = ready[np.argsort(self.arrival[ready], kind="stable")[:k]]
+        return ready
+
+    def movable(self, i: int) -> bool:
+        """Whether env ``i`` may move to another worker now (idle, or ready, at an episode boundary)."""
+        return bool(self.boundary[i]) and self.state[i] in (IDLE, READY, BROKEN)
+
+    def busy_time(self) -> float:
+        """Seconds so far with at least one step in flight."""
+        return self._busy_s + (time.perf_counter() - self._busy_since if self.in_flight else 0.0)
+
+    # -- transitions --------------------------------------------------------------------
+    def send(self, ids: Any) -> tuple[Any, np.ndarray | None]:
+        """IDLE -> STEPPING for ``ids`` (an id array or a slice; checked by the caller).
+
+        Envs flagged restarted do not step: returns ``(stepping, held)``, ``held`` being None
+        or the ids held back; the caller writes their truncation and calls :meth:`truncate_restarted`.
+        """
+        held = None
+        if self.num_restarted:
+            flags = self.restarted[ids]
+            if flags.any():
+                rows = self.all[ids]
+                held, ids = rows[flags], rows[~flags]
+        count = self.num_envs if isinstance(ids, slice) else len(ids)
+        self.state[ids] = STEPPING
+        if not self.in_flight and count:
+            self._busy_since = time.perf_counter()
+        self.in_flight += count
+        self._verify()
+        return ids, held
+
+    def truncate_restarted(self, ids: np.ndarray) -> None:
+        """IDLE (restarted) -> READY with a synthesised truncation, for envs :meth:`send` held back."""
+        self.restarted[ids] = False
+        self.num_restarted -= len(ids)
+        self._make_ready(ids)
+        for i in ids.tolist():
+            self.infos[i] = {"worker_restarted": True}
+        self.boundary[ids] = True
+        self._verify()
+
+    def step_done(self, ids: np.ndarray, done: np.ndarray, infos: list | None, errors: list | None) -> list[int]:
+        """STEPPING -> READY for a worker's reply over ``ids`` (env errors: -> BROKEN).
+
+        ``done``: terminated|truncated of every env (indexed by env id); ``infos``: None or one
+        info (or None) per id; ``errors``: None or ``(env_id, ...)`` tuples. Returns the failed ids.
+        """
+        self.in_flight -= len(ids)
+        if not self.in_flight:
+            self._busy_s += time.perf_counter() - self._busy_since
+        failed: list[int] = []
+        if errors:
+            failed = [e[0] for e in errors]
+            self.state[failed] = BROKEN
+            keep = ~np.isin(ids, failed)
+            ids = ids[keep]
+            if infos is not None:
+                infos = [info for info, k in zip(infos, keep.tolist(), strict=True) if k]
+        rows = slice(None) if len(ids) == self.num_envs else ids  # a whole batch: no fancy indexing
+        self._make_ready(rows, len(ids))
+        self.boundary[rows] = done[rows]
+        if infos is not None:
+            for i, info in zip(ids.tolist(), infos, strict=True):
+                if info:
+                    self.infos[i] = info
+        self._verify()
+        return failed
+
+    def collect(self, ids: Any) -> list[tuple[int, dict]]:
+        """READY -> IDLE for ``ids`` (LOST for envs whose worker died meanwhile).
+
+        Returns ``(row, info)`` for the rows that carry an info, rows counted within ``ids``.
+        """
+        rows: list[tuple[int, dict]] = []
+        if self.infos:
+            pop = self.infos.pop
+            for k, i in enumerate(self.all[ids].tolist()):
+                info = pop(i, None)
+                if info is not None:
+                    rows.append((k, info))
+        if isinstance(ids, slice):
+            self.state.fill(IDLE)
+            self.num_ready -= self.num_envs
+        else:
+            self.state[ids] = IDLE
+            self.num_ready -= len(ids)
+        if self.lost:
+            for i in self.all[ids].tolist():
+                if i in self.lost:
+                    self.state[i] = LOST
+        self._verify()
+        return rows
+
+    def begin_reset(self, ids: np.ndarray) -> None:
+        """IDLE/BROKEN -> RESETTING (checked by the caller); a reset clears the restarted flag."""
+        self.state[ids] = RESETTING
+        cleared = int(self.restarted[ids].sum())
+        if cleared:
+            self.restarted[ids] = False
+            self.num_restarted -= cleared
+        self._verify()
+
+    def reset_done(self, ids: Any, failed: list[int]) -> None:
+        """RESETTING -> IDLE at an episode boundary (-> BROKEN for envs whose reset raised)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if failed:
+            self.state[failed] = BROKEN
+            ids = ids[~np.isin(ids, failed)]
+        self.state[ids] = IDLE
+        self.boundary[ids] = True
+        self._verify()
+
+    def worker_restarted(self, ids: list[int]) -> list[int]:
+        """A worker died and a new one takes over ``ids``.
+
+        STEPPING -> READY (returned: the caller writes their truncation into the buffers),
+        RESETTING -> BROKEN (the reset is lost; resetting again is allowed), IDLE/READY ->
+        flagged restarted (their next send truncates instead of stepping).
+        """
+        synthesized = []
+        for i in ids:
+            st = self.state[i]
+            if st == STEPPING:
+                self.in_flight -= 1
+                self._make_ready(np.array([i]))
+                self.infos[i] = {"worker_restarted": True}
+                self.boundary[i] = True
+                synthesized.append(i)
+            elif st == RESETTING:
+                self.state[i] = BROKEN
+            elif st in (IDLE, READY) and not self.restarted[i]:
+                self.restarted[i] = True
+                self.num_restarted += 1
+        if not self.in_flight and self._busy_since and synthesized:
+            self._busy_s += time.perf_counter() - self._busy_since
+        self._verify()
+        return synthesized
+
+    def worker_lost(self, ids: list[int], err: WorkerCrashedError) -> None:
+        """A worker died with no restart left: its envs become LOST (a READY result stays deliverable)."""
+        for i in ids:
+            st = self.state[i]
+            if st == STEPPING:
+                self.in_flight -= 1
+            if st != READY:
+                self.state[i] = LOST
+            if self.restarted[i]:
+                self.restarted[i] = False
+                self.num_restarted -= 1
+            self.lost[i] = err
+        self._verify()
+
+    def _make_ready(self, ids: Any, k: int | None = None) -> None:
+        k = len(ids) if k is None else k
+        self.state[ids] = READY
+        self.arrival[ids] = np.arange(self._next_arrival, self._next_arrival + k)
+        self._next_arrival += k
+        self.num_ready += k
+
+    # -- invariants ---------------------------------------------------------------------
+    def _verify(self) -> None:
+        if self.debug:
+            self.check()
+
+    def check(self) -> None:
+        """Raise AssertionError naming the first broken invariant."""
+        st = self.state
+        stepping = int((st == STEPPING).sum())
+        assert self.in_flight == stepping, f"in_flight={self.in_flight} but {stepping} envs are stepping"
+        ready = np.flatnonzero(st == READY)
+        assert self.num_ready == len(ready), f"num_ready={self.num_ready} but {len(ready)} envs are ready"
+        assert len(np.unique(self.arrival[ready])) == len(ready), "two ready envs share an arrival number"
+        flagged = np.flatnonzero(self.restarted)
+        assert self.num_restarted == len(flagged), f"num_restarted={self.num_restarted} but {len(flagged)} flagged"
+        assert np.isin(st[flagged], (IDLE, READY)).all(), "a restarted flag on an env that is neither idle nor ready"
+        assert all(st[i] == READY for i in self.infos), "an info is pending for an env that is not ready"
+        lost = np.flatnonzero(st == LOST)
+        assert all(int(i) in self.lost for i in lost), "a lost env without the error that lost it"
+
+
+def _sorted(a: np.ndarray) -> bool:
+    return bool((a[1:] >= a[:-1]).all())

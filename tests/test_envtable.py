@@ -1,0 +1,181 @@
+"""The env table alone: every transition against a plain reference model, invariants after each.
+
+The table is the single owner of per-env state, so it is tested without workers: random
+sequences of the events the vector env feeds it (sends, replies with and without errors,
+collects, resets, worker restarts and losses) must keep it equal to a dict-of-states model
+and keep every invariant (``EnvTable.check``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aiovec.envtable import BROKEN, IDLE, LOST, READY, RESETTING, STEPPING, EnvState, EnvTable
+from aiovec.errors import EnvStateError, WorkerCrashedError
+
+N = 6
+
+
+def crash(ids: list[int]) -> WorkerCrashedError:
+    return WorkerCrashedError(0, ids, -9, None, "test")
+
+
+def test_states_are_an_int_enum_and_idle_is_zero() -> None:
+    assert [s.name for s in EnvState] == ["IDLE", "STEPPING", "READY", "RESETTING", "BROKEN", "LOST"]
+    assert IDLE == 0  # the hot path checks "all idle" with one reduction
+
+
+def test_lock_step_cycle_and_arrival_order() -> None:
+    t = EnvTable(N, debug=True)
+    stepping, held = t.send(slice(None))
+    assert held is None and t.in_flight == N
+    done = np.zeros(N, bool)
+    done[4] = True
+    t.step_done(np.array([3, 4, 5]), done, [None, {"x": 1}, None], None)
+    t.step_done(np.array([0, 1, 2]), done, None, None)
+    assert t.in_flight == 0 and t.num_ready == N
+    assert t.oldest_ready(4).tolist() == [3, 4, 5, 0]
+    assert t.boundary.tolist() == [False, False, False, False, True, False]
+    rows = t.collect(np.array([3, 4, 5, 0]))
+    assert rows == [(1, {"x": 1})]
+    assert t.num_ready == 2 and t.state.tolist() == [IDLE, READY, READY, IDLE, IDLE, IDLE]
+
+
+def test_env_error_breaks_only_that_env_and_require_names_it() -> None:
+    t = EnvTable(N, debug=True)
+    t.send(np.arange(N))
+    failed = t.step_done(np.arange(N), np.zeros(N, bool), None, [(2, "ValueError", "boom", "tb")])
+    assert failed == [2] and t.state[2] == BROKEN and t.num_ready == N - 1
+    with pytest.raises(EnvStateError, match="env 2: it is broken"):
+        t.require(np.array([2]), (IDLE,), "send to")
+    t.collect(np.array([0, 1, 3, 4, 5]))
+    t.begin_reset(np.array([2]))
+    assert t.state[2] == RESETTING
+    t.reset_done([2], [])
+    assert t.state[2] == IDLE and t.boundary[2]
+
+
+def test_idle_restart_holds_the_env_back_once_with_a_truncation() -> None:
+    t = EnvTable(N, debug=True)
+    t.worker_restarted([1, 2])  # their worker died between steps
+    assert t.restarted.tolist() == [False, True, True, False, False, False] and t.in_flight == 0
+    stepping, held = t.send(slice(None))
+    assert held.tolist() == [1, 2] and stepping.tolist() == [0, 3, 4, 5] and t.in_flight == 4
+    t.truncate_restarted(held)
+    assert t.state[1] == READY and t.infos[1] == {"worker_restarted": True} and not t.restarted.any()
+    t.step_done(stepping, np.zeros(N, bool), None, None)
+    assert len(t.collect(slice(None))) == 2
+    assert t.send(slice(None))[1] is None  # once only
+
+
+def test_mid_step_restart_and_loss() -> None:
+    t = EnvTable(N, debug=True)
+    t.send(np.arange(N))
+    assert t.worker_restarted([0, 1]) == [0, 1]  # mid-step: synthesised truncations, ready at once
+    assert t.in_flight == N - 2 and t.num_ready == 2
+    err = crash([2, 3])
+    t.worker_lost([2, 3], err)
+    assert t.state[2] == LOST and t.in_flight == N - 4 and t.lost[2] is err
+    with pytest.raises(WorkerCrashedError):
+        t.require(np.array([3]), (IDLE,), "send to")
+
+
+def test_check_catches_a_broken_invariant() -> None:
+    t = EnvTable(N, debug=False)
+    t.state[0] = STEPPING  # a transition that bypassed the table
+    with pytest.raises(AssertionError, match="in_flight"):
+        t.check()
+
+
+class Model:
+    """The reference: one state per env in a dict, changed one env at a time."""
+
+    def __init__(self) -> None:
+        self.state = dict.fromkeys(range(N), IDLE)
+        self.restarted: set[int] = set()
+        self.order: list[int] = []  # ready envs in arrival order
+        self.lost: set[int] = set()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["send", "reply", "fail", "collect", "reset", "restart", "lose"]),
+                          st.lists(st.integers(0, N - 1), min_size=1, max_size=N, unique=True)), max_size=40))
+def test_random_event_sequences_match_the_reference_model(events: list) -> None:
+    t, m = EnvTable(N, debug=True), Model()
+    for kind, ids in events:
+        if kind == "send":
+            ids = [i for i in ids if m.state[i] == IDLE]
+            if not ids:
+                continue
+            stepping, held = t.send(np.array(ids))
+            held_ids = [i for i in ids if i in m.restarted]
+            assert (held.tolist() if held is not None else []) == held_ids
+            if held is not None:
+                t.truncate_restarted(held)
+            for i in ids:
+                if i in m.restarted:
+                    m.restarted.discard(i)
+                    m.state[i] = READY
+                    m.order.append(i)
+                else:
+                    m.state[i] = STEPPING
+        elif kind in ("reply", "fail"):
+            ids = [i for i in ids if m.state[i] == STEPPING]
+            if not ids:
+                continue
+            errs = [(ids[0], "E", "m", "tb")] if kind == "fail" else None
+            t.step_done(np.array(ids), np.zeros(N, bool), None, errs)
+            for i in ids:
+                if kind == "fail" and i == ids[0]:
+                    m.state[i] = BROKEN
+                else:
+                    m.state[i] = READY
+                    m.order.append(i)
+        elif kind == "collect":
+            k = min(len(ids), len(m.order))
+            if not k:
+                continue
+            got = t.oldest_ready(k).tolist()
+            assert got == m.order[:k]
+            t.collect(np.array(got))
+            for i in got:
+                m.state[i] = LOST if i in m.lost else IDLE
+            del m.order[:k]
+        elif kind == "reset":
+            ids = [i for i in ids if m.state[i] in (IDLE, BROKEN)]
+            if not ids:
+                continue
+            t.begin_reset(np.array(ids))
+            t.reset_done(ids, [])
+            for i in ids:
+                m.state[i] = IDLE
+                m.restarted.discard(i)
+        elif kind == "restart":
+            ids = [i for i in ids if m.state[i] != LOST]
+            t.worker_restarted(ids)
+            for i in ids:
+                if m.state[i] == STEPPING:
+                    m.state[i] = READY
+                    m.order.append(i)
+                elif m.state[i] == RESETTING:
+                    m.state[i] = BROKEN
+                elif m.state[i] in (IDLE, READY):
+                    m.restarted.add(i)
+        elif kind == "lose":
+            t.worker_lost(ids, crash(ids))
+            m.lost.update(ids)
+            for i in ids:
+                if m.state[i] == READY:
+                    continue  # its result stays deliverable; it becomes LOST when collected
+                if i in m.order:
+                    m.order.remove(i)
+                m.state[i] = LOST
+                m.restarted.discard(i)
+            for i in ids:
+                m.restarted.discard(i)
+        t.check()
+        assert t.state.tolist() == [m.state[i] for i in range(N)]
+        assert sorted(np.flatnonzero(t.restarted).tolist()) == sorted(m.restarted)

@@ -1,0 +1,153 @@
+"""In-process ("inline") placement: same results as SyncVectorEnv, typed errors, moves both ways."""
+
+from __future__ import annotations
+
+import asyncio
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import assert_clean, wait
+from gymnasium.vector import AutoresetMode
+
+import aiovec
+from aiovec import ConfigError, EnvError
+
+MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
+
+
+def _compare(got: tuple, want: tuple, t: int) -> None:
+    for k, (a, b) in enumerate(zip(got[:4], want[:4], strict=True)):
+        np.testing.assert_array_equal(a, b, err_msg=f"step {t}, field {k}")
+    assert sorted(got[4]) == sorted(want[4]), f"step {t}: info keys {sorted(got[4])} != {sorted(want[4])}"
+    for key, value in want[4].items():
+        if key in ("final_obs", "final_info"):
+            continue
+        np.testing.assert_array_equal(got[4][key], value, err_msg=f"step {t}, info {key}")
+
+
+def _compare_reset(got: tuple, want: tuple) -> None:
+    np.testing.assert_array_equal(got[0], want[0], err_msg="reset obs")
+    assert sorted(got[1]) == sorted(want[1])
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_inline_equals_sync_vector_env(run, clean, mode: AutoresetMode, env_id: str) -> None:
+    n = 5
+
+    async def main() -> None:
+        ref = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * n, autoreset_mode=mode)
+        async with aiovec.make(env_id, n, placement="inline", autoreset_mode=mode) as venv:
+            assert venv.placement == "inline" and venv.num_workers == 1
+            _compare_reset(await wait(venv.reset(seed=3)), ref.reset(seed=3))
+            space = ref.action_space
+            space.seed(1)
+            for t in range(300):
+                actions = space.sample()
+                got, want = await wait(venv.step(actions)), ref.step(actions)
+                _compare(got, want, t)
+                if mode == AutoresetMode.DISABLED and (want[2] | want[3]).any():
+                    mask = want[2] | want[3]
+                    _compare_reset(await wait(venv.reset(options={"reset_mask": mask})), ref.reset(options={"reset_mask": mask}))
+            venv._table.check()
+        ref.close()
+
+    run(main())
+    assert_clean(clean)
+
+
+def test_auto_places_cheap_envs_inline_and_respects_opt_outs(run_uv, clean) -> None:
+    async def main() -> None:
+        async with aiovec.make("CartPole-v1", 4) as venv:  # num_workers="auto": cheap envs, few of them
+            assert venv.placement == "inline" and venv.controller is None
+        async with aiovec.make("CartPole-v1", 4, step_timeout=5.0) as venv:  # a hung env must stay killable
+            assert venv.placement == "process"
+        async with aiovec.make("CartPole-v1", 4, placement="process") as venv:  # isolation asked for
+            assert venv.placement == "process"
+        async with aiovec.make("aiovec/Sleep-v0", 4) as venv:  # envs that wait overlap in processes
+            assert venv.placement == "process"
+        async with aiovec.make("CartPole-v1", 4, num_workers=2) as venv:  # an explicit count means processes
+            assert venv.placement == "process" and venv.num_workers == 2
+
+    run_uv(main())
+    assert_clean(clean)
+
+
+def test_inline_refuses_what_it_cannot_honour(clean) -> None:
+    with pytest.raises(ConfigError, match="step_timeout"):
+        aiovec.make("CartPole-v1", 2, placement="inline", step_timeout=1.0)
+    with pytest.raises(ConfigError, match="placement"):
+        aiovec.make("CartPole-v1", 2, placement="elsewhere")
+    assert_clean(clean)
+
+
+def test_inline_env_error_is_typed_and_the_others_go_on(run_uv, clean) -> None:
+    async def main() -> None:
+        venv = aiovec.make("aiovec/Fault-v0", 3, placement="inline", fault="raise", at_step=3)
+        async with venv:
+            await wait(venv.reset(seed=0))
+            for _ in range(2):
+                await wait(venv.step(np.zeros(3, dtype=np.int64)))
+            with pytest.raises(EnvError) as info:
+                await wait(venv.step(np.zeros(3, dtype=np.int64)))
+            assert info.value.env_id in (0, 1, 2) and "injected" in str(info.value).lower()
+            obs, _ = await wait(venv.reset(seed=1))  # a reset clears the broken envs
+            assert obs.shape == (3, venv.single_observation_space.shape[0])
+
+    run_uv(main())
+    assert_clean(clean)
+
+
+def test_moves_between_inline_and_processes_keep_trajectories(run_uv, clean) -> None:
+    n = 4
+
+    async def main() -> None:
+        ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * n)
+        async with aiovec.make("CartPole-v1", n, num_workers=2) as venv:
+            _compare_reset(await wait(venv.reset(seed=5)), ref.reset(seed=5))
+            rng = np.random.default_rng(0)
+            plan = {20: ("inline", 1), 400: ("process", 2), 800: ("inline", 1)}
+            for t in range(1200):
+                if t in plan:
+                    where, k = plan[t]
+                    await wait(venv.resize(k, placement=where))
+                actions = rng.integers(0, 2, n)
+                _compare(await wait(venv.step(actions)), ref.step(actions), t)
+            assert venv.stats()["moves"] >= 2 * n  # every env moved at least twice
+            venv._table.check()
+        ref.close()
+
+    run_uv(main())
+    assert_clean(clean)
+
+
+def test_first_finished_recv_inline_returns_each_env_once(run_uv, clean) -> None:
+    async def main() -> None:
+        async with aiovec.make("CartPole-v1", 6, placement="inline", batch_size=2) as venv:
+            await wait(venv.reset(seed=0))
+            venv.send(np.zeros(6, dtype=np.int64))
+            seen = []
+            for _ in range(3):
+                r = await wait(venv.recv())
+                assert len(r.env_ids) == 2
+                seen += r.env_ids.tolist()
+            assert sorted(seen) == list(range(6))
+            with pytest.raises(aiovec.EnvStateError):
+                await wait(venv.recv())
+
+    run_uv(main())
+    assert_clean(clean)
+
+
+def test_close_while_inline_steps_are_queued(run_uv, clean) -> None:
+    async def main() -> None:
+        venv = aiovec.make("CartPole-v1", 64, placement="inline")
+        await wait(venv.reset(seed=0))
+        venv.send(np.zeros(64, dtype=np.int64))  # runs in slices: some of it is still queued
+        await wait(venv.close())
+        assert venv.closed and venv.num_workers == 0
+        await asyncio.sleep(0.05)  # nothing scheduled by the closed worker runs any more
+
+    run_uv(main())
+    assert_clean(clean)
