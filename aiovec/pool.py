@@ -170,8 +170,12 @@ class WorkerPool:
             ws.pid, ws.spin_s = reply.payload["pid"], reply.payload["spin_s"]
 
     def _on_tuned(self, wid: int, reply: Any, error: BaseException | None) -> None:
-        if reply is not None and "spin_s" in reply.payload:
-            self.stats.worker(wid).spin_s = reply.payload["spin_s"]
+        if reply is not None:
+            ws = self.stats.worker(wid)
+            if "spin_s" in reply.payload:
+                ws.spin_s = reply.payload["spin_s"]
+            if "env_threads" in reply.payload:
+                ws.env_threads = reply.payload["env_threads"]
 
     def _add_env(self, wid: int, env_id: int, state: dict | None) -> asyncio.Future:
         fut = self._loop.create_future()
@@ -374,6 +378,21 @@ class WorkerPool:
             if w.kind != "inline" and w.spin_s != spin_s and wid not in self._retiring and w.handle.alive:
                 w.spin_s = spin_s
                 self._send(wid, P.Tune({"spin_s": spin_s}), self._on_tuned)
+
+    def set_threads(self, env_threads: int, worker_ids: Sequence[int] | None = None) -> None:
+        """Threads per worker that step a command's envs (all process workers, or ``worker_ids``).
+
+        Takes effect at the worker's next command; workers started from now on get it too.
+        """
+        k = max(1, int(env_threads))
+        if worker_ids is None:
+            for backend in self.backends.values():
+                if backend.name != "inline":
+                    backend.host_options = {**getattr(backend, "host_options", {}), "env_threads": k}
+        for wid in self.workers if worker_ids is None else worker_ids:
+            w = self.workers.get(wid)
+            if w is not None and w.kind != "inline" and w.handle.alive:
+                self._send(wid, P.Tune({"env_threads": k}), self._on_tuned)
 
     def _plan(self) -> None:
         active = sorted(w for w in self.workers if w not in self._retiring)

@@ -39,6 +39,7 @@ class WorkerStats:
     wall_s: float = 0.0  # wall time inside the worker, per command
     runq_s: float = 0.0  # time runnable but waiting for a CPU (Linux schedstat)
     spin_s: float | None = None  # its poll after each reply, as the worker last confirmed (None: it cannot spin)
+    env_threads: int | None = None  # threads stepping its envs, as the worker last confirmed (None: not asked yet)
     latency: LatencyRing = field(default_factory=lambda: LatencyRing(1024))
 
     def record(self, nsteps: int, timing: tuple[float, float, float], latency: float) -> None:
@@ -60,6 +61,7 @@ class WorkerStats:
             "wall_per_step_s": self.wall_s / per,
             "runq_per_step_s": self.runq_s / per,
             "spin_s": self.spin_s,
+            "env_threads": self.env_threads,
             "latency_s": self.latency.percentiles(),
         }
 

@@ -778,6 +778,28 @@ class AsyncVecEnv:
             if self._spin_auto and pool is self._pool and not pool.closing:  # spin only while workers leave the parent a core
                 pool.tune(spin_for(pool.target_workers, available_cpus()))
 
+    async def set_env_threads(self, env_threads: int) -> None:
+        """Threads per worker process that step its envs concurrently, changed while running.
+
+        Instant (no env moves): each worker switches at its next command. Worth it for envs that
+        wait with the GIL released; a worker's CPU time then counts all its threads. Workers
+        confirm the setting in ``stats()["workers"][i]["env_threads"]``.
+
+        >>> async def main():
+        ...     async with aiovec.make("aiovec/Sleep-v0", 4, num_workers=1, wait_ms=1.0) as venv:
+        ...         await venv.reset(seed=0)
+        ...         await venv.set_env_threads(4)
+        ...         await venv.step(np.zeros(4, dtype=np.int64))
+        ...         return venv.env_threads, [w["env_threads"] for w in venv.stats()["workers"]]
+        >>> aiovec.run(main())
+        (4, [4])
+        """
+        k = _positive_int(env_threads, "env_threads")
+        await self.start()
+        self.env_threads = k
+        self._host_options["env_threads"] = k
+        self._pool.set_threads(k)  # type: ignore[union-attr]
+
     @property
     def pending_moves(self) -> int:
         """Envs still waiting for an episode boundary to move to their new worker."""
