@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import gymnasium as gym
@@ -39,39 +39,45 @@ VECTOR_ENVS: dict[str, Any] = {
 }
 
 
+def _arg(default: Any, help: str, choices: list[str] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
 @dataclass
 class Args:
-    vector_env: str = "aiovec"
-    env_id: str = "CartPole-v1"
-    seed: int = 1
-    total_timesteps: int = 100_000
-    learning_rate: float = 2.5e-4
-    num_envs: int = 8
-    num_steps: int = 128
-    anneal_lr: bool = True
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    num_minibatches: int = 4
-    update_epochs: int = 4
-    clip_coef: float = 0.2
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    quiet: bool = False
+    """CleanRL's ppo.py arguments (its names and defaults); ``--help`` lists each with its help and default."""
+
+    vector_env: str = _arg("aiovec", "the vector env that steps the envs (the rest of the script is unchanged)",
+                           choices=list(VECTOR_ENVS))
+    env_id: str = _arg("CartPole-v1", "gymnasium id of the env (discrete actions)")
+    seed: int = _arg(1, "seed of torch, numpy and the envs (env i gets seed + i)")
+    total_timesteps: int = _arg(100_000, "env steps in total, over all envs")
+    learning_rate: float = _arg(2.5e-4, "Adam's learning rate (annealed to 0 with --anneal-lr)")
+    num_envs: int = _arg(8, "envs stepped in parallel")
+    num_steps: int = _arg(128, "steps per env per rollout (a batch is num_envs * num_steps)")
+    anneal_lr: bool = _arg(True, "anneal the learning rate linearly to 0 over the run")
+    gamma: float = _arg(0.99, "discount factor")
+    gae_lambda: float = _arg(0.95, "lambda of generalised advantage estimation")
+    num_minibatches: int = _arg(4, "minibatches per epoch")
+    update_epochs: int = _arg(4, "epochs over each batch")
+    clip_coef: float = _arg(0.2, "PPO's clipping coefficient of the probability ratio (and the value loss)")
+    ent_coef: float = _arg(0.01, "weight of the entropy bonus")
+    vf_coef: float = _arg(0.5, "weight of the value loss")
+    max_grad_norm: float = _arg(0.5, "gradient clipping norm")
+    quiet: bool = _arg(False, "print only the final summary")
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for name, default in vars(Args()).items():
-        flag = "--" + name.replace("_", "-")
-        if isinstance(default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+    """Command-line flags from :class:`Args`: one per field, with its help, default and choices."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in fields(Args):
+        flag = "--" + f.name.replace("_", "-")
+        meta = f.metadata
+        if isinstance(f.default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=meta["help"])
         else:
-            p.add_argument(flag, type=type(default), default=default)
-    args = Args(**vars(p.parse_args(argv)))
-    if args.vector_env not in VECTOR_ENVS:
-        p.error(f"--vector-env must be one of {sorted(VECTOR_ENVS)}, got {args.vector_env!r}")
-    return args
+            p.add_argument(flag, type=type(f.default), default=f.default, help=meta["help"], choices=meta.get("choices"))
+    return Args(**vars(p.parse_args(argv)))
 
 
 def make_env(env_id: str):

@@ -499,10 +499,12 @@ async def serve(host: str, port: int, start: list[str], num_envs: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8080)
-    ap.add_argument("--start", action="append", default=[], metavar="ENV_ID", help="start a rollout of this env at once (repeatable)")
-    ap.add_argument("--num-envs", type=int, default=8, help="envs per rollout started with --start")
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; 0.0.0.0 for every interface)")
+    ap.add_argument("--port", type=int, default=8080, help="TCP port to listen on (default: %(default)s)")
+    ap.add_argument("--start", action="append", default=[], metavar="ENV_ID",
+                    help="start a rollout of this gymnasium env id at once, e.g. CartPole-v1 (repeatable; default: none, "
+                         "start rollouts from the page or with POST /rollouts)")
+    ap.add_argument("--num-envs", type=int, default=8, help="envs per rollout started with --start (default: %(default)s)")
     args = ap.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         aiovec.run(serve(args.host, args.port, args.start, args.num_envs))

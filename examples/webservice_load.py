@@ -400,14 +400,15 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", help="write the JSON report here")
-    ap.add_argument("--quick", action="store_true", help="short phases (a smoke run, ~15 s)")
-    ap.add_argument("--duration", type=float, help="seconds of load per level (default 10, quick 1)")
-    ap.add_argument("--settle", type=float, help="seconds without load after each level, half that before (default 1.5, quick 0.4)")
-    ap.add_argument("--clients", type=int, default=16, help="concurrent request loops of the saturating level")
-    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--out", metavar="PATH", help="write the JSON report here (default: print only)")
+    ap.add_argument("--quick", action="store_true", help="short phases: a smoke run of ~15 s (default: off, ~1 minute)")
+    ap.add_argument("--duration", type=float, metavar="SECONDS", help="seconds of load per level (default: 10; 1 with --quick)")
+    ap.add_argument("--settle", type=float, metavar="SECONDS",
+                    help="seconds without load after each level, half that before (default: 1.5; 0.4 with --quick)")
+    ap.add_argument("--clients", type=int, default=16, help="concurrent request loops of the saturating level (default: %(default)s)")
+    ap.add_argument("--host", default="127.0.0.1", help="address the server listens on and the client connects to (default: %(default)s)")
     ap.add_argument("--mode", choices=["step", "recv"], default="step",
-                    help="the rollout: lock-step, or first-finished (half the envs per recv)")
+                    help="the server's rollout: step = lock-step, recv = first-finished, half the envs per recv (default: %(default)s)")
     args = ap.parse_args(argv)
     args.duration = args.duration or (1.0 if args.quick else 10.0)
     args.settle = args.settle or (0.4 if args.quick else 1.5)
