@@ -8,6 +8,7 @@ import threading
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import assert_clean
 from gymnasium.vector import AutoresetMode
 
 import aiovec
@@ -46,25 +47,38 @@ def _compare(env_id: str, mode: AutoresetMode, steps: int = 150, n: int = 3) -> 
 
 @pytest.mark.parametrize("env_id", ENVS)
 @pytest.mark.parametrize("mode", list(AutoresetMode))
-def test_identical_to_sync_vector_env(env_id: str, mode: AutoresetMode) -> None:
+def test_identical_to_sync_vector_env(env_id: str, mode: AutoresetMode, clean) -> None:
     _compare(env_id, mode)
+    assert_clean(clean)
 
 
-def test_gymnasium_vector_wrappers_work_on_top() -> None:
-    venv = gym.wrappers.vector.NormalizeObservation(
-        gym.wrappers.vector.RecordEpisodeStatistics(aiovec.make_vec("CartPole-v1", 4, num_workers=2))
-    )
+def test_gymnasium_vector_wrappers_work_on_top(clean) -> None:
+    def wrap(venv: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
+        return gym.wrappers.vector.NormalizeObservation(gym.wrappers.vector.RecordEpisodeStatistics(venv))
+
+    venv = wrap(aiovec.make_vec("CartPole-v1", 4, num_workers=2))
+    ref = wrap(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4))
     try:
-        venv.reset(seed=0)
+        np.testing.assert_array_equal(venv.reset(seed=0)[0], ref.reset(seed=0)[0])
         episodes = 0
-        for _ in range(300):
-            _, _, _, _, infos = venv.step(np.ones(4, dtype=np.int64))
+        for t in range(300):
+            acts = np.ones(4, dtype=np.int64)
+            obs, rew, term, trunc, infos = venv.step(acts)
+            want = ref.step(acts)
+            np.testing.assert_allclose(obs, want[0], rtol=1e-6, err_msg=f"normalised obs at step {t}")
+            assert ("episode" in infos) == ("episode" in want[4])
             if "episode" in infos:
-                episodes += int(infos["_episode"].sum())
-        assert episodes > 0
+                mask = infos["_episode"]
+                np.testing.assert_array_equal(mask, want[4]["_episode"])
+                for k in ("r", "l"):  # episode returns and lengths, as the wrapper over SyncVectorEnv records them
+                    np.testing.assert_array_equal(infos["episode"][k][mask], want[4]["episode"][k][mask])
+                episodes += int(mask.sum())
+        assert episodes >= 4 * 10  # always pushing right, an episode lasts ~10 steps: dozens per env
         assert venv.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
     finally:
         venv.close()
+        ref.close()
+    assert_clean(clean)
 
 
 def test_call_get_set_attr_with_env_ids_and_render() -> None:

@@ -72,6 +72,7 @@ def test_steps_equal_dummy_vec_env(clean):
                         np.testing.assert_array_equal(i1[k]["terminal_observation"], i2[k]["terminal_observation"])
                         seen["truncated" if i2[k]["TimeLimit.truncated"] else "terminated"] += 1
                     assert set(i1[k]) == set(i2[k]), (i1[k].keys(), i2[k].keys())
+                    np.testing.assert_equal(i1[k], i2[k], err_msg=f"info of env {k} at step {t}")  # every value
         assert seen["terminated"] > 5 and seen["truncated"] > 5, seen
     finally:
         ours.close()
