@@ -261,8 +261,8 @@ def steps_in_workers(venv: Any) -> bool:
     """Whether the envs step outside this process, so that inference here can overlap them."""
     if not isinstance(venv, aiovec.AsyncVecEnv):
         return False  # GymVec: no per-env send/recv
-    placement = getattr(venv, "placement", None)  # aiovec with an in-process placement says where its envs are
-    return placement is None or placement == "process"
+    placement = getattr(venv, "placement", "process")  # "inline" or "process" (aiovec before core v2: always processes)
+    return placement == "process"
 
 
 # -- the agent (defined where torch is imported: not in worker processes) ----------------------
@@ -352,18 +352,21 @@ class Sampler:
         self.act_shape = () if self.discrete else space.shape
         self.low = None if self.discrete else space.low
         self.high = None if self.discrete else space.high
-        self.groups = min(args.pipeline_groups, args.num_envs) if args.mode == "pipelined" else 1
+        self.groups = 1
         self.pipeline = "off"
-        if args.mode == "pipelined":
-            if self.groups < 2:
-                self.pipeline = "off: one group (a single env or --pipeline-groups 1), lock-step instead"
-                self.groups = 1
-            elif not steps_in_workers(venv):
-                self.pipeline = "off: envs step in this process, nothing to overlap (lock-step instead)"
-                self.groups = 1
-            else:
-                self.pipeline = f"{self.groups} groups"
         self.first_step_s: float | None = None  # perf_counter time of the first step's result
+
+    def plan_pipeline(self) -> None:
+        """Pipeline this rollout? Only where envs step in other processes (aiovec may move them between rollouts)."""
+        groups = min(self.args.pipeline_groups, self.args.num_envs)
+        if self.args.mode != "pipelined":
+            self.groups, self.pipeline = 1, "off"
+        elif groups < 2:
+            self.groups, self.pipeline = 1, "off: one group (a single env or --pipeline-groups 1), lock-step instead"
+        elif not steps_in_workers(self.venv):
+            self.groups, self.pipeline = 1, "off: envs step in this process, nothing to overlap (lock-step instead)"
+        else:
+            self.groups, self.pipeline = groups, f"{groups} groups"
 
     async def reset(self) -> None:
         obs, _ = await self.venv.reset(seed=self.args.seed)
@@ -385,6 +388,7 @@ class Sampler:
         self.ended: list[tuple[int, int, float, int]] = []  # (t, env, return, length) of the episodes that ended
         self.t_inf = self.t_env = 0.0
         t_start = time.perf_counter()
+        self.plan_pipeline()
         if self.groups > 1:
             await self._pipelined(policy, noise, ro)
         else:
