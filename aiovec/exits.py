@@ -89,9 +89,15 @@ def is_no_guard_failure(exc: BaseException | None) -> bool:
 
 
 def _excepthook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-    """Shorten the two tracebacks of the missing-main-guard mistake; anything else goes to the previous hook."""
-    if in_main_reimport() and _raised_by_aiovec(tb):
-        os._exit(NO_GUARD_EXIT)  # a worker: silent; the parent explains
+    """Shorten the tracebacks of the missing-main-guard mistake; anything else goes to the previous hook.
+
+    In a worker whose import of the main script failed inside aiovec (a script that runs
+    ``asyncio.run`` at import time: :func:`refuse_main_reimport` is not on that path), the fork
+    server or spawn calls this hook once ``_inheriting`` is cleared already, so the traceback tells.
+    """
+    if _frames_in(tb, _is_main_reimport) and _frames_in(tb, _is_aiovec):
+        _run_mp_finalizers()  # unlink the named semaphores this worker made, then leave without a word
+        os._exit(NO_GUARD_EXIT)
     if is_no_guard_failure(exc):
         sys.stderr.write(str(MainGuardMissing().code))
         sys.stderr.flush()
@@ -99,13 +105,33 @@ def _excepthook(kind: type[BaseException], exc: BaseException, tb: TracebackType
     _previous_excepthook(kind, exc, tb)
 
 
-def _raised_by_aiovec(tb: TracebackType | None) -> bool:
-    here = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _is_aiovec(code: Any) -> bool:
+    return os.path.abspath(code.co_filename).startswith(_HERE)
+
+
+def _is_main_reimport(code: Any) -> bool:
+    return code.co_name == "_fixup_main_from_path" and code.co_filename.endswith(os.path.join("multiprocessing", "spawn.py"))
+
+
+def _frames_in(tb: TracebackType | None, match: Any) -> bool:
     while tb is not None:
-        if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(here + os.sep):
+        if match(tb.tb_frame.f_code):
             return True
         tb = tb.tb_next
     return False
+
+
+def _run_mp_finalizers() -> None:
+    try:
+        from multiprocessing import util
+
+        util._run_finalizers(0)  # type: ignore[attr-defined]
+        util._run_finalizers()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - leaving anyway
+        pass
 
 
 _previous_excepthook = sys.excepthook

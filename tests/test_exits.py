@@ -118,12 +118,13 @@ def _session_processes(sid: int) -> list[str]:
     return out
 
 
-def run_path(tmp: Path, api: str, path: str, timeout: float = 90.0) -> Outcome:
+def run_path(tmp: Path, api: str, path: str, timeout: float = 90.0, script: Path | None = None) -> Outcome:
     """Run one exit path as a script in its own session; report what it left behind."""
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    script = tmp / f"{api}_{path}.py"
-    script.write_text(script_for(api, path))
+    if script is None:
+        script = tmp / f"{api}_{path}.py"
+        script.write_text(script_for(api, path))
     sems = tmp / f"{api}_{path}.sems"
     sems.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp), str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -194,6 +195,16 @@ def test_exit_path_is_quiet_and_clean(tmp_path: Path, api: str, path: str) -> No
     o = run_path(tmp_path, api, path)
     assert o.semaphores_created >= 10 or path == "no_guard", f"the script should have started 2 workers: {o}"
     assert not problems(api, path, o), "\n".join(problems(api, path, o))
+
+
+def test_missing_guard_under_plain_asyncio_run_is_the_same_short_message(tmp_path: Path) -> None:
+    # aiovec.run and the facade refuse in the worker before anything starts; plain asyncio.run
+    # reaches the worker's own start-up failure, which the excepthook catches instead.
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    script = tmp_path / "plain_asyncio.py"
+    script.write_text(script_for("async", "no_guard").replace("aiovec.run(main())", "import asyncio\nasyncio.run(main())"))
+    o = run_path(tmp_path, "async", "no_guard", script=script)
+    assert not problems("async", "no_guard", o), "\n".join(problems("async", "no_guard", o))
 
 
 def test_missing_guard_message_names_the_script(tmp_path: Path) -> None:
