@@ -66,7 +66,7 @@ class EnvTable:
     Invariants (see :meth:`check`):
 
     - ``in_flight`` equals the number of STEPPING envs;
-    - ``num_ready`` equals the number of READY envs, and each has a distinct arrival number;
+    - ``num_ready`` equals the number of READY envs, and each has an arrival number already handed out;
     - only IDLE or READY envs carry the ``restarted`` flag;
     - every LOST env has the error that lost it; an env with a pending info is READY.
     """
@@ -93,7 +93,7 @@ class EnvTable:
         """Raise unless every env in ``ids`` is in one of ``allowed`` (a lost env raises its crash)."""
         st = self.state[ids]
         if allowed == (IDLE,):  # IDLE is 0: one reduction, the hot path of every send
-            if not st.any():
+            if not np.count_nonzero(st):
                 return
             bad = st != IDLE
         else:
@@ -132,7 +132,7 @@ class EnvTable:
         held = None
         if self.num_restarted:
             flags = self.restarted[ids]
-            if flags.any():
+            if np.count_nonzero(flags):
                 rows = self.all[ids]
                 held, ids = rows[flags], rows[~flags]
         count = self.num_envs if isinstance(ids, slice) else len(ids)
@@ -140,7 +140,8 @@ class EnvTable:
         if not self.in_flight and count:
             self._busy_since = time.perf_counter()
         self.in_flight += count
-        self._verify()
+        if self.debug:
+            self.check()
         return ids, held
 
     def truncate_restarted(self, ids: np.ndarray) -> None:
@@ -151,17 +152,28 @@ class EnvTable:
         for i in ids.tolist():
             self.infos[i] = {"worker_restarted": True}
         self.boundary[ids] = True
-        self._verify()
+        if self.debug:
+            self.check()
 
-    def step_done(self, ids: np.ndarray, done: np.ndarray, infos: list | None, errors: list | None) -> list[int]:
+    def step_done(self, ids: np.ndarray, terminations: np.ndarray, truncations: np.ndarray, infos: list | None,
+                  errors: list | None) -> list[int]:
         """STEPPING -> READY for a worker's reply over ``ids`` (env errors: -> BROKEN).
 
-        ``done``: terminated|truncated of every env (indexed by env id); ``infos``: None or one
-        info (or None) per id; ``errors``: None or ``(env_id, ...)`` tuples. Returns the failed ids.
+        ``terminations``/``truncations``: the flags of every env (indexed by env id); ``infos``: None
+        or one info (or None) per id; ``errors``: None or ``(env_id, ...)`` tuples. Returns the failed ids.
         """
         self.in_flight -= len(ids)
         if not self.in_flight:
             self._busy_s += time.perf_counter() - self._busy_since
+        if errors is None and infos is None and len(ids) == self.num_envs:  # the whole batch, clean: no fancy indexing
+            self.state.fill(READY)
+            self.arrival.fill(self._next_arrival)
+            self._next_arrival += 1
+            self.num_ready += self.num_envs
+            np.logical_or(terminations, truncations, out=self.boundary)
+            if self.debug:
+                self.check()
+            return []
         failed: list[int] = []
         if errors:
             failed = [e[0] for e in errors]
@@ -172,12 +184,16 @@ class EnvTable:
                 infos = [info for info, k in zip(infos, keep.tolist(), strict=True) if k]
         rows = slice(None) if len(ids) == self.num_envs else ids  # a whole batch: no fancy indexing
         self._make_ready(rows, len(ids))
-        self.boundary[rows] = done[rows]
+        if isinstance(rows, slice):
+            np.logical_or(terminations, truncations, out=self.boundary)
+        else:
+            self.boundary[rows] = terminations[rows] | truncations[rows]
         if infos is not None:
             for i, info in zip(ids.tolist(), infos, strict=True):
                 if info:
                     self.infos[i] = info
-        self._verify()
+        if self.debug:
+            self.check()
         return failed
 
     def collect(self, ids: Any) -> list[tuple[int, dict]]:
@@ -202,7 +218,8 @@ class EnvTable:
             for i in self.all[ids].tolist():
                 if i in self.lost:
                     self.state[i] = LOST
-        self._verify()
+        if self.debug:
+            self.check()
         return rows
 
     def begin_reset(self, ids: np.ndarray) -> None:
@@ -212,7 +229,8 @@ class EnvTable:
         if cleared:
             self.restarted[ids] = False
             self.num_restarted -= cleared
-        self._verify()
+        if self.debug:
+            self.check()
 
     def reset_done(self, ids: Any, failed: list[int]) -> None:
         """RESETTING -> IDLE at an episode boundary (-> BROKEN for envs whose reset raised)."""
@@ -222,7 +240,8 @@ class EnvTable:
             ids = ids[~np.isin(ids, failed)]
         self.state[ids] = IDLE
         self.boundary[ids] = True
-        self._verify()
+        if self.debug:
+            self.check()
 
     def worker_restarted(self, ids: list[int]) -> list[int]:
         """A worker died and a new one takes over ``ids``.
@@ -247,7 +266,8 @@ class EnvTable:
                 self.num_restarted += 1
         if not self.in_flight and self._busy_since and synthesized:
             self._busy_s += time.perf_counter() - self._busy_since
-        self._verify()
+        if self.debug:
+            self.check()
         return synthesized
 
     def worker_lost(self, ids: list[int], err: WorkerCrashedError) -> None:
@@ -262,14 +282,15 @@ class EnvTable:
                 self.restarted[i] = False
                 self.num_restarted -= 1
             self.lost[i] = err
-        self._verify()
+        if self.debug:
+            self.check()
 
     def _make_ready(self, ids: Any, k: int | None = None) -> None:
-        k = len(ids) if k is None else k
+        """-> READY, all with one arrival number: envs of one reply finished together (ties: env order)."""
         self.state[ids] = READY
-        self.arrival[ids] = np.arange(self._next_arrival, self._next_arrival + k)
-        self._next_arrival += k
-        self.num_ready += k
+        self.arrival[ids] = self._next_arrival
+        self._next_arrival += 1
+        self.num_ready += len(ids) if k is None else k
 
     # -- invariants ---------------------------------------------------------------------
     def _verify(self) -> None:
@@ -283,7 +304,7 @@ class EnvTable:
         assert self.in_flight == stepping, f"in_flight={self.in_flight} but {stepping} envs are stepping"
         ready = np.flatnonzero(st == READY)
         assert self.num_ready == len(ready), f"num_ready={self.num_ready} but {len(ready)} envs are ready"
-        assert len(np.unique(self.arrival[ready])) == len(ready), "two ready envs share an arrival number"
+        assert (self.arrival[ready] < self._next_arrival).all(), "a ready env without an arrival number"
         flagged = np.flatnonzero(self.restarted)
         assert self.num_restarted == len(flagged), f"num_restarted={self.num_restarted} but {len(flagged)} flagged"
         assert np.isin(st[flagged], (IDLE, READY)).all(), "a restarted flag on an env that is neither idle nor ready"

@@ -11,6 +11,7 @@ trajectory.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections import deque
@@ -155,9 +156,7 @@ class WorkerPool:
         wid = self._next_id
         self._next_id += 1
         backend = self.backends[kind]
-        handle = backend.start_worker(
-            wid, lambda reply, wid=wid: self._on_reply(wid, reply), lambda code, tb, wid=wid: self._on_exit(wid, code, tb)
-        )
+        handle = backend.start_worker(wid, functools.partial(self._on_reply, wid), functools.partial(self._on_exit, wid))
         w = self.workers[wid] = _Worker(handle, kind, backend.spin_s, backend.shard_step)
         w.pending.append(_Pending(P.READY, time.perf_counter(), self._on_ready, None))
         self.stats.worker(wid).pid = getattr(handle, "pid", None)
@@ -506,9 +505,12 @@ class WorkerPool:
             return
         op, t_sent, handler, ids = w.pending.popleft()
         if op == P.STEP:  # env ids as the array they were sent for (a STEP_SHARD reply names none)
-            if ids is None:
-                ids = np.asarray(reply.env_ids, dtype=np.int64)
-            reply = P.Reply(P.STEP, ids, reply.payload, reply.errors, reply.timing)
+            if type(reply) is P.Timing:  # the fast reply: no infos, no errors
+                reply = P.Reply(P.STEP, ids, None, None, reply)
+            else:
+                if ids is None:
+                    ids = np.asarray(reply.env_ids, dtype=np.int64)
+                reply = P.Reply(P.STEP, ids, reply.payload, reply.errors, reply.timing)
             self.stats.record(wid, len(ids), reply.timing, time.perf_counter() - t_sent)
         if handler is not None:
             handler(wid, reply, None)

@@ -140,11 +140,11 @@ def encode(msg: tuple[Any, ...]) -> bytes:
     return pickle.dumps(msg, _PROTOCOL)
 
 
-def decode_reply(frame: bytes | memoryview) -> Reply:
-    """Either frame form back into a :class:`Reply` (pickled frames start with 0x80, never 0x01)."""
+def decode_reply(frame: bytes | memoryview) -> Reply | Timing:
+    """A pickled :class:`Reply`, or for a fast step reply just its :class:`Timing` (pickled frames start with 0x80)."""
     if len(frame) == FAST_REPLY_SIZE and frame[0] == FAST_MARK:
         _, cpu, wall = _FAST.unpack(frame)
-        return Reply(STEP, None, None, None, Timing(cpu, wall))
+        return Timing(cpu, wall)
     return pickle.loads(frame)
 
 

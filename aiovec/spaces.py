@@ -149,11 +149,13 @@ class ActionChecker:
         if isinstance(space, spaces.Discrete) and int(space.start) == 0 and self._dtype.kind in "iu":
             self._bound = int(space.n)
         self._box = isinstance(space, spaces.Box)
+        self._unsigned = np.dtype(f"u{self._dtype.itemsize}") if self._dtype is not None and self._dtype.kind in "iu" else None
 
     def __call__(self, actions: Any, n: int) -> Any:
         if n == self.n and type(actions) is np.ndarray and actions.shape == self._shape and actions.dtype == self._dtype:
             if self._box:
                 return actions
-            if self._bound is not None and not (actions.view(np.uint64 if actions.itemsize == 8 else f"u{actions.itemsize}") >= self._bound).any():
+            # Unsigned view: a negative action wraps to a huge number, so one comparison checks both ends.
+            if self._bound is not None and not np.count_nonzero(actions.view(self._unsigned) >= self._bound):
                 return actions
         return validate_actions(self.space, actions, n)

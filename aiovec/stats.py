@@ -12,15 +12,17 @@ class LatencyRing:
     """The last ``size`` latencies (seconds), for percentiles without unbounded memory."""
 
     def __init__(self, size: int = 4096) -> None:
-        self._buf = np.zeros(size, dtype=np.float64)
+        self._buf: list[float] = [0.0] * size
+        self._size = size
         self._n = 0
 
     def add(self, x: float) -> None:
-        self._buf[self._n % len(self._buf)] = x
-        self._n += 1
+        n = self._n
+        self._buf[n % self._size] = x
+        self._n = n + 1
 
     def percentiles(self, qs: tuple[float, ...] = (50, 90, 99)) -> dict[str, float]:
-        data = self._buf[: min(self._n, len(self._buf))]
+        data = np.asarray(self._buf[: min(self._n, self._size)], dtype=np.float64)
         if data.size == 0:
             return {f"p{q:g}": float("nan") for q in qs}
         return {f"p{q:g}": float(v) for q, v in zip(qs, np.percentile(data, qs), strict=True)}
@@ -95,7 +97,13 @@ class Stats:
     def record(self, worker_id: int, nsteps: int, timing: tuple[float, float, float], latency: float) -> None:
         self.steps += nsteps
         self.latency.add(latency)
-        self.worker(worker_id).record(nsteps, timing, latency)
+        ws = self.workers.get(worker_id) or self.worker(worker_id)
+        ws.steps += nsteps
+        ws.commands += 1
+        ws.cpu_s += timing[0]
+        ws.wall_s += timing[1]
+        ws.runq_s += timing[2]
+        ws.latency.add(latency)
 
     def snapshot(self) -> dict:
         elapsed = time.perf_counter() - self.t0

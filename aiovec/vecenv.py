@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import batch_space
+from gymnasium.vector.utils import batch_space, create_empty_array
 
 from . import pickling
 from . import protocol as P
@@ -46,7 +46,7 @@ from .infos import batch_infos
 from .machine import available_cpus
 from .pool import WorkerPool
 from .shm import SharedBuffers
-from .spaces import ActionChecker, check_supported, put_rows, take
+from .spaces import ActionChecker, check_supported, get_row, put_row, put_rows, take
 from .stats import Stats
 from .threads import in_thread
 
@@ -245,6 +245,7 @@ class AsyncVecEnv:
         self._waiters: list[tuple[asyncio.Future, bool]] = []  # (future, wake only when no step is in flight)
         self._pool: WorkerPool | None = None
         self._views: Any = None
+        self._delivered: Any = None
         self._stats = Stats()
         self._starting: asyncio.Future | None = None
         self._closed = False
@@ -383,6 +384,9 @@ class AsyncVecEnv:
             self._pool = pool
             self._stats.t0 = time.perf_counter()  # rates count from here, not from start-up
             self._check_actions = ActionChecker(self._probe.action_space, self.num_envs)
+            self._flat_actions = isinstance(self._views.actions, np.ndarray)
+            # The last observation delivered per env, for the truncation a mid-step worker death leaves.
+            self._delivered = create_empty_array(self._probe.observation_space, self.num_envs) if self.max_restarts else None
             if self.controller is not None:
                 self._control = ControlLoop(self, self.controller)
                 self._control_task = loop.create_task(self._control.run())
@@ -536,7 +540,10 @@ class AsyncVecEnv:
         await done
         if errors:
             raise errors[0]
-        return take(self._views.obs, slice(None)), batch_infos(n, sorted(infos, key=lambda r: r[0]))
+        obs = take(self._views.obs, slice(None))
+        if self._delivered is not None:
+            put_rows(self._delivered, ids, take(obs, ids))
+        return obs, batch_infos(n, sorted(infos, key=lambda r: r[0]))
 
     # -- first-finished -----------------------------------------------------------------
     def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
@@ -565,16 +572,20 @@ class AsyncVecEnv:
         table, rows = self._table, (slice(None) if ids is None else ids)
         count = self.num_envs if ids is None else len(ids)
         acts = self._check_actions(actions, count)
-        self._require(rows, (IDLE,), "send to")
+        if ids is not None or np.count_nonzero(table.state):  # all idle (IDLE is 0) needs no further look
+            self._require(rows, (IDLE,), "send to")
         v = self._views
         if self.autoreset_mode == AutoresetMode.DISABLED:
             done = v.terminations[rows] | v.truncations[rows]
-            if done.any():
+            if np.count_nonzero(done):
                 raise EnvStateError(
                     f"envs {self._all[rows][done].tolist()} ended their episode and autoreset_mode is DISABLED: "
                     "reset them (options={'reset_mask': ...}) before stepping"
                 )
-        put_rows(v.actions, rows, acts)
+        if self._flat_actions:
+            v.actions[rows] = acts
+        else:
+            put_rows(v.actions, rows, acts)
         stepping, held = table.send(rows)
         if held is not None:  # their worker was replaced while they were idle: they end truncated instead
             for i in held.tolist():
@@ -625,7 +636,7 @@ class AsyncVecEnv:
                     await asyncio.sleep(0)
                     yielded = True
                     continue
-                return self._collect(table.oldest_ready(need), ordered=False)
+                return self._collect(table.oldest_ready(need))
             await self._wait(deadline)
             yielded = True
 
@@ -680,7 +691,10 @@ class AsyncVecEnv:
             raise self._errors.popleft()
         v, rows_info = self._views, table.collect(slice(None))
         infos = batch_infos(self.num_envs, rows_info) if rows_info else {}
-        return take(v.obs, slice(None)), v.rewards.copy(), v.terminations.copy(), v.truncations.copy(), infos
+        obs = take(v.obs, slice(None))
+        if self._delivered is not None:
+            put_rows(self._delivered, slice(None), obs)
+        return obs, v.rewards.copy(), v.terminations.copy(), v.truncations.copy(), infos
 
     # -- attributes and methods ---------------------------------------------------------
     async def call(self, name: str, *args: Any, env_ids: Sequence[int] | None = None, **kwargs: Any) -> tuple[Any, ...]:
@@ -842,7 +856,7 @@ class AsyncVecEnv:
         if error is not None:
             return  # the worker died; _on_worker_lost / _on_worker_restarted account for its envs
         v = self._views
-        failed = self._table.step_done(reply.env_ids, v.terminations | v.truncations, reply.payload, reply.errors)
+        failed = self._table.step_done(reply.env_ids, v.terminations, v.truncations, reply.payload, reply.errors)
         if failed:
             self._errors.extend(EnvError(*e) for e in reply.errors)
         pool = self._pool
@@ -858,8 +872,14 @@ class AsyncVecEnv:
         return {"kind": "ended", "np_random": gen, "needs_reset": self.autoreset_mode != AutoresetMode.DISABLED}
 
     def _write_truncation(self, i: int) -> None:
-        """The result row of an episode its worker's death cut short: truncated, no reward, last obs kept."""
+        """The result row of an episode its worker's death cut short: truncated, no reward, last obs kept.
+
+        A worker that died mid-step may have written part of a new observation into the env's row,
+        so the last delivered one is put back from the copy kept for this (``max_restarts > 0`` only).
+        """
         v = self._views
+        if self._delivered is not None:
+            put_row(v.obs, i, get_row(self._delivered, i))
         v.rewards[i] = 0.0
         v.terminations[i] = False
         v.truncations[i] = True  # obs stays the last one delivered: do not bootstrap across it
@@ -875,14 +895,14 @@ class AsyncVecEnv:
             self._errors.append(err)
         self._notify()
 
-    def _collect(self, ids: Any, ordered: bool) -> StepResult:
+    def _collect(self, ids: np.ndarray) -> StepResult:
         v = self._views
         rows_info = self._table.collect(ids)
-        n = self.num_envs if isinstance(ids, slice) else len(ids)
-        infos = batch_infos(n, rows_info) if rows_info else {}
-        env_ids = self._all.copy() if isinstance(ids, slice) else ids
-        return StepResult(take(v.obs, ids), v.rewards[ids].copy(), v.terminations[ids].copy(), v.truncations[ids].copy(),
-                          infos, env_ids)
+        infos = batch_infos(len(ids), rows_info) if rows_info else {}
+        obs = take(v.obs, ids)
+        if self._delivered is not None:
+            put_rows(self._delivered, ids, obs)
+        return StepResult(obs, v.rewards[ids], v.terminations[ids], v.truncations[ids], infos, ids)
 
     async def _wait(self, deadline: float | None, batch: bool = False) -> None:
         """Until something changes (``batch``: until no step is in flight), an error, a close or the deadline."""

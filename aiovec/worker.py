@@ -46,13 +46,14 @@ class _RunQueueClock:
 
 
 class _Slot:
-    __slots__ = ("env", "needs_reset", "done", "steps", "pre_reset_rng", "reset_args")
+    __slots__ = ("env", "needs_reset", "done", "steps", "was_reset", "pre_reset_rng", "reset_args")
 
     def __init__(self, env: Any) -> None:
         self.env = env
         self.needs_reset = False  # NEXT_STEP: the next step call resets instead
         self.done = False  # last transition ended the episode
-        self.steps: int | None = None  # steps since the last reset (None: never reset)
+        self.steps = 0  # steps since the last reset
+        self.was_reset = False  # never reset yet: its state is fresh
         self.pre_reset_rng: Any = None  # np_random as it was just before the last reset
         self.reset_args: tuple[Any, Any] = (None, None)  # (seed, options) of the last reset
 
@@ -62,12 +63,13 @@ class _Slot:
         self.reset_args = (seed, options)
         obs, info = self.env.reset(seed=seed, options=options)
         self.steps = 0
+        self.was_reset = True
         self.needs_reset = self.done = False
         return obs, info
 
     def export(self) -> dict[str, Any]:
         """Portable state at an episode boundary; an env mid-episode cannot move."""
-        if self.steps is None:
+        if not self.was_reset:
             return {"kind": "fresh"}
         if self.done:  # episode over, next call resets: only the generator matters
             return {"kind": "ended", "np_random": self.env.unwrapped.np_random, "needs_reset": self.needs_reset}
@@ -79,7 +81,7 @@ class _Slot:
         kind = state["kind"]
         if kind == "ended":
             self.env.unwrapped.np_random = state["np_random"]
-            self.done, self.needs_reset, self.steps = True, state["needs_reset"], 1
+            self.done, self.needs_reset, self.steps, self.was_reset = True, state["needs_reset"], 1, True
         elif kind == "replay":
             self.env.unwrapped.np_random = state["np_random"]
             self.reset(*state["reset_args"])
@@ -125,6 +127,7 @@ class EnvHost:
         self.set_threads(env_threads)
         # Flat spaces (one array per buffer) skip the generic row helpers on the hot path.
         flat_act = isinstance(views.actions, np.ndarray)
+        self._scalar_actions = flat_act and views.actions.ndim == 1
         self._get_action = (_flat_action(views.actions) if flat_act else (lambda i: get_row(views.actions, i)))
         self._put_obs = views.obs.__setitem__ if isinstance(views.obs, np.ndarray) else (lambda i, o: put_row(views.obs, i, o))
 
@@ -199,13 +202,41 @@ class EnvHost:
                         infos = [None] * len(ids)
                     infos[k] = info
             return infos, errors
+        # step_one, inlined: this loop is the worker's whole hot path.
         infos = errors = None
-        step_one = self.step_one
+        slots, v, get_action, put_obs = self.slots, self.views, self._get_action, self._put_obs
+        rewards, terms, truncs = v.rewards, v.terminations, v.truncations
+        same_step, next_step, check = self.mode == AutoresetMode.SAME_STEP, self.mode == AutoresetMode.NEXT_STEP, self.check_obs
+        scalar_actions = v.actions if self._scalar_actions else None  # Discrete: a numpy scalar, no copy needed
         for k, i in enumerate(ids):
-            info, err = step_one(i)
-            if err is not None:
-                errors = [*(errors or ()), err]
-            elif info:
+            slot = slots[i]
+            try:
+                if slot.needs_reset:
+                    obs, info = slot.reset()
+                    reward = term = trunc = False
+                else:
+                    obs, reward, term, trunc, info = slot.env.step(scalar_actions[i] if scalar_actions is not None else get_action(i))
+                    slot.steps += 1
+                    if term or trunc:
+                        slot.done = True
+                        if same_step:
+                            final = {"final_obs": obs, "final_info": info}
+                            obs, info = slot.reset()
+                            info = {**final, **info}
+                        elif next_step:
+                            slot.needs_reset = True
+                    else:
+                        slot.done = False
+                if check:
+                    self._check(obs)
+                put_obs(i, obs)
+            except Exception as exc:
+                errors = [*(errors or ()), _describe(i, exc)]
+                continue
+            rewards[i] = reward
+            terms[i] = term
+            truncs[i] = trunc
+            if info:
                 if infos is None:
                     infos = [None] * len(ids)
                 infos[k] = info
@@ -220,7 +251,7 @@ class EnvHost:
                 reward, term, trunc = 0.0, False, False
             else:
                 obs, reward, term, trunc, info = slot.env.step(self._get_action(i))
-                slot.steps = (slot.steps or 0) + 1
+                slot.steps += 1
                 if term or trunc:
                     slot.done = True
                     if self.mode == AutoresetMode.SAME_STEP:

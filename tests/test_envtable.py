@@ -34,8 +34,8 @@ def test_lock_step_cycle_and_arrival_order() -> None:
     assert held is None and t.in_flight == N
     done = np.zeros(N, bool)
     done[4] = True
-    t.step_done(np.array([3, 4, 5]), done, [None, {"x": 1}, None], None)
-    t.step_done(np.array([0, 1, 2]), done, None, None)
+    t.step_done(np.array([3, 4, 5]), done, np.zeros(N, bool), [None, {"x": 1}, None], None)
+    t.step_done(np.array([0, 1, 2]), done, np.zeros(N, bool), None, None)
     assert t.in_flight == 0 and t.num_ready == N
     assert t.oldest_ready(4).tolist() == [3, 4, 5, 0]
     assert t.boundary.tolist() == [False, False, False, False, True, False]
@@ -47,7 +47,7 @@ def test_lock_step_cycle_and_arrival_order() -> None:
 def test_env_error_breaks_only_that_env_and_require_names_it() -> None:
     t = EnvTable(N, debug=True)
     t.send(np.arange(N))
-    failed = t.step_done(np.arange(N), np.zeros(N, bool), None, [(2, "ValueError", "boom", "tb")])
+    failed = t.step_done(np.arange(N), np.zeros(N, bool), np.zeros(N, bool), None, [(2, "ValueError", "boom", "tb")])
     assert failed == [2] and t.state[2] == BROKEN and t.num_ready == N - 1
     with pytest.raises(EnvStateError, match="env 2: it is broken"):
         t.require(np.array([2]), (IDLE,), "send to")
@@ -66,7 +66,7 @@ def test_idle_restart_holds_the_env_back_once_with_a_truncation() -> None:
     assert held.tolist() == [1, 2] and stepping.tolist() == [0, 3, 4, 5] and t.in_flight == 4
     t.truncate_restarted(held)
     assert t.state[1] == READY and t.infos[1] == {"worker_restarted": True} and not t.restarted.any()
-    t.step_done(stepping, np.zeros(N, bool), None, None)
+    t.step_done(stepping, np.zeros(N, bool), np.zeros(N, bool), None, None)
     assert len(t.collect(slice(None))) == 2
     assert t.send(slice(None))[1] is None  # once only
 
@@ -119,21 +119,18 @@ def test_random_event_sequences_match_the_reference_model(events: list) -> None:
                 if i in m.restarted:
                     m.restarted.discard(i)
                     m.state[i] = READY
-                    m.order.append(i)
                 else:
                     m.state[i] = STEPPING
+            m.order += sorted(held_ids)  # envs that become ready together queue in env order
         elif kind in ("reply", "fail"):
             ids = [i for i in ids if m.state[i] == STEPPING]
             if not ids:
                 continue
             errs = [(ids[0], "E", "m", "tb")] if kind == "fail" else None
-            t.step_done(np.array(ids), np.zeros(N, bool), None, errs)
+            t.step_done(np.array(ids), np.zeros(N, bool), np.zeros(N, bool), None, errs)
             for i in ids:
-                if kind == "fail" and i == ids[0]:
-                    m.state[i] = BROKEN
-                else:
-                    m.state[i] = READY
-                    m.order.append(i)
+                m.state[i] = BROKEN if kind == "fail" and i == ids[0] else READY
+            m.order += sorted(i for i in ids if m.state[i] == READY)
         elif kind == "collect":
             k = min(len(ids), len(m.order))
             if not k:

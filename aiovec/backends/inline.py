@@ -54,6 +54,7 @@ class InlineWorker(WorkerHandle):
         self._closed = self._loop.create_future()
         # The step in progress: (ids, next index, infos, errors, cpu0, wall0).
         self._step: list | None = None
+        self._per_env_s = SLICE_S  # measured cost of one env step here (sizes the chunks; one env until measured)
         self._loop.call_soon(self._reply, P.Reply(P.READY, (), {"pid": self.pid, "spin_s": None}, None, P.NO_TIMING))
 
     @property
@@ -95,29 +96,40 @@ class InlineWorker(WorkerHandle):
                 return
 
     def _run_step(self, msg: Any, deadline: float) -> bool:
-        """Step envs until done (True) or the slice is used up (False)."""
-        host = self._host
+        """Step envs until done (True) or the slice is used up (False).
+
+        Envs go in chunks sized from the measured cost per env (at least one env per chunk), so
+        most batches of cheap envs run as one call of the host's stepping loop.
+        """
+        host, clock = self._host, time.perf_counter
         if self._step is None:
-            ids = host.shard if isinstance(msg, bytes) else msg.env_ids
-            self._step = [tuple(ids), 0, None, None, host._cpu_clock(), time.perf_counter()]
+            ids = host.shard if isinstance(msg, bytes) else list(msg.env_ids)
+            self._step = [ids, 0, None, None, host._cpu_clock(), clock()]
         st = self._step
-        ids, k = st[0], st[1]
-        step_one, clock, n = host.step_one, time.perf_counter, len(ids)
+        ids, k, n = st[0], st[1], len(st[0])
         while k < n:
-            info, err = step_one(ids[k])
-            if err is not None:
-                st[3] = [*(st[3] or ()), err]
-            elif info:
+            t0 = clock()
+            room = deadline - t0
+            m = n - k if self._per_env_s * (n - k) <= room else max(1, int(room / self._per_env_s))
+            infos, errors = host.step(ids[k : k + m])
+            cost = (clock() - t0) / m  # rises at once, falls slowly: a slice overruns at most once
+            self._per_env_s = cost if cost > self._per_env_s else 0.9 * self._per_env_s + 0.1 * cost
+            if errors:
+                st[3] = [*(st[3] or ()), *errors]
+            if infos:
                 if st[2] is None:
                     st[2] = [None] * n
-                st[2][k] = info
-            k += 1
+                st[2][k : k + m] = infos
+            k += m
             if k < n and clock() >= deadline:
                 st[1] = k
                 return False
         self._step = None
-        timing = P.Timing(host._cpu_clock() - st[4], time.perf_counter() - st[5])
-        self._reply(P.Reply(P.STEP, None if isinstance(msg, bytes) else ids, st[2], st[3], timing))
+        timing = P.Timing(host._cpu_clock() - st[4], clock() - st[5])
+        if isinstance(msg, bytes) and st[2] is None and st[3] is None:
+            self._reply(timing)  # what a process worker's fast reply decodes to
+        else:
+            self._reply(P.Reply(P.STEP, None if isinstance(msg, bytes) else tuple(ids), st[2], st[3], timing))
         return True
 
     def _run_in_thread(self, msg: Any) -> None:
@@ -141,7 +153,7 @@ class InlineWorker(WorkerHandle):
             return
         self._schedule()
 
-    def _reply(self, reply: P.Reply) -> None:
+    def _reply(self, reply: P.Reply | P.Timing) -> None:
         if not self._exited:
             self._on_reply(reply)
 

@@ -28,6 +28,8 @@ from ..shm import SharedBuffers
 from .base import Backend, ExitCallback, ReplyCallback, WorkerHandle
 
 _HEADER = struct.Struct("!i")  # multiprocessing.Connection's frame header
+_STEP_SHARD_FRAME = _HEADER.pack(len(P.STEP_SHARD)) + P.STEP_SHARD
+_FAST_FRAME_SIZE = _HEADER.size + P.FAST_REPLY_SIZE
 _live: weakref.WeakSet[ProcessWorker] = weakref.WeakSet()
 
 
@@ -150,8 +152,11 @@ class ProcessWorker(WorkerHandle):
     def send(self, msg: tuple[Any, ...] | bytes) -> None:
         if self._exited:
             return
-        payload = msg if isinstance(msg, bytes) else P.encode(msg)
-        frame = _HEADER.pack(len(payload)) + payload
+        if msg is P.STEP_SHARD:
+            frame = _STEP_SHARD_FRAME
+        else:
+            payload = P.encode(msg)
+            frame = _HEADER.pack(len(payload)) + payload
         if self._wbuf:
             self._wbuf += frame
             return
@@ -188,6 +193,9 @@ class ProcessWorker(WorkerHandle):
             if not self._closing:
                 # Died (or is dying): the executor reports how, via the serve future.
                 self._loop.call_later(2.0, self._force_exit_report)
+            return
+        if len(data) == _FAST_FRAME_SIZE and not self._rbuf and data[4] == P.FAST_MARK:  # the hot path: one fast reply
+            self._on_reply(P.decode_reply(data[4:]))
             return
         buf = self._rbuf + data if self._rbuf else data
         pos, end = 0, len(buf)
