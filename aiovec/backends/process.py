@@ -90,9 +90,7 @@ class ProcessWorker(WorkerHandle):
         self.exitcode: int | None = None
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         self._conn = parent_conn
-        self._executor = ProcessPoolExecutor(
-            max_workers=1, mp_context=ctx, initializer=worker_side.initialize, initargs=(child_conn, buffers)
-        )
+        self._executor: ProcessPoolExecutor | None = None  # made in the launch thread (its queues' semaphores take ms)
         self._served = self._loop.create_future()  # resolves (never fails) when serve ends, however
         self._started = self._loop.create_future()  # resolves once the process exists
         self._serve: Future | None = None
@@ -108,27 +106,43 @@ class ProcessWorker(WorkerHandle):
         # Starting a process blocks (the fork server forks and answers with the pid): do it
         # in a short-lived thread so the event loop never waits for it.
         threading.Thread(
-            target=self._launch, args=(child_conn, (autoreset_mode, spin_s, host_options)), name="aiovec-spawn", daemon=True
+            target=self._launch, args=(ctx, buffers, child_conn, (autoreset_mode, spin_s, host_options)), name="aiovec-spawn",
+            daemon=True,
         ).start()
 
-    def _launch(self, child_conn: Any, args: tuple) -> None:
-        serve = process = manager = None
+    def _launch(self, ctx: Any, buffers: SharedBuffers, child_conn: Any, args: tuple) -> None:
+        executor = serve = process = manager = None
         error: BaseException | None = None
         try:
-            serve = self._executor.submit(worker_side.serve, *args)
-            process = next(iter(self._executor._processes.values()))  # type: ignore[attr-defined]
-            manager = getattr(self._executor, "_executor_manager_thread", None)
+            # Building the executor creates its queues' named semaphores (and, the first time, starts
+            # multiprocessing's resource tracker): milliseconds that must not be the event loop's.
+            executor = ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=worker_side.initialize,
+                                           initargs=(child_conn, buffers))
+            serve = executor.submit(worker_side.serve, *args)
+            process = next(iter(executor._processes.values()))  # type: ignore[attr-defined]
+            manager = getattr(executor, "_executor_manager_thread", None)
         except BaseException as exc:
             error = exc
         finally:
             child_conn.close()  # the worker holds its own copy now; EOF then means "worker gone"
         try:
-            self._loop.call_soon_threadsafe(self._launched, serve, process, manager, error)
+            self._loop.call_soon_threadsafe(self._launched, executor, serve, process, manager, error)
         except RuntimeError:  # the loop is gone: nobody will use this worker
             if process is not None:
                 os.kill(process.pid, signal.SIGKILL)
 
-    def _launched(self, serve: Future | None, process: Any, manager: threading.Thread | None, error: BaseException | None) -> None:
+    def _launched(self, executor: ProcessPoolExecutor | None, serve: Future | None, process: Any, manager: threading.Thread | None,
+                  error: BaseException | None) -> None:
+        if self._exited:  # stopped while it was starting: it must not outlive that
+            if process is not None:
+                try:
+                    os.kill(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
+            return
+        self._executor = executor
         self._serve, self._process, self._manager = serve, process, manager
         if process is not None:
             self.pid = process.pid
@@ -254,7 +268,8 @@ class ProcessWorker(WorkerHandle):
         # The executor's management thread reaps the process; wait for it (its process is
         # gone or going, so this is quick) rather than racing it for the exit status.
         thread = self._manager
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
         if thread is not None and not self._closing:
             thread.join(timeout=2.0)  # crash path: the thread is finishing already
         if self._process is not None and (thread is None or not thread.is_alive()):
