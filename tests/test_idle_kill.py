@@ -73,36 +73,47 @@ def test_idle_kill_under_step_with_restarts_keeps_lock_step_working(run_uv, clea
     assert_clean(clean)
 
 
-def test_idle_kill_under_send_recv_with_restarts(run_uv, clean) -> None:
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_idle_kill_under_send_recv_with_restarts(run_uv, clean, mode: AutoresetMode) -> None:
     async def main() -> None:
-        async with aiovec.make("CartPole-v1", N, num_workers=2, max_restarts=1, restart_backoff=0.0) as venv:
+        async with aiovec.make("CartPole-v1", N, num_workers=2, max_restarts=1, restart_backoff=0.0, autoreset_mode=mode) as venv:
             await wait(venv.reset(seed=0))
             venv.send(_actions(0))
             await wait(venv.drain())
             _, envs = await _kill_idle_worker(venv)
             venv.send(_actions(1))  # no ids: all envs, the killed worker's included
             got: dict[int, Any] = {}
+            ended = np.zeros(N, bool)
             for r in await wait(venv.drain()):
+                ended[r.env_ids] = r.terminations | r.truncations
                 for k, i in enumerate(r.env_ids.tolist()):
                     assert i not in got, f"env {i} delivered twice"
                     got[i] = (bool(r.truncations[k]), bool(r.infos.get("_worker_restarted", np.zeros(len(r.env_ids), bool))[k]))
             assert sorted(got) == list(range(N))
             assert all(got[i] == (True, True) for i in envs), got
             assert not any(got[i][1] for i in range(N) if i not in envs)
+            assert ended[envs].all()  # the cut episodes
             for t in range(2, 30):  # first-finished stepping goes on, every env exactly once per round
+                if mode == AutoresetMode.DISABLED and ended.any():
+                    await wait(venv.reset(options={"reset_mask": ended.copy()}))
                 venv.send(_actions(t))
-                ids = sorted(i for r in await wait(venv.drain()) for i in r.env_ids.tolist())
+                results = await wait(venv.drain())
+                ids = sorted(i for r in results for i in r.env_ids.tolist())
                 assert ids == list(range(N))
+                ended[:] = False
+                for r in results:
+                    ended[r.env_ids] = r.terminations | r.truncations
             venv._table.check()
 
     run_uv(main())
     assert_clean(clean)
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 @pytest.mark.parametrize("api", ["step", "send"])
-def test_idle_kill_without_restarts_raises_once_then_refuses_lost_envs(run_uv, clean, api: str) -> None:
+def test_idle_kill_without_restarts_raises_once_then_refuses_lost_envs(run_uv, clean, api: str, mode: AutoresetMode) -> None:
     async def main() -> None:
-        async with aiovec.make("CartPole-v1", N, num_workers=2) as venv:
+        async with aiovec.make("CartPole-v1", N, num_workers=2, autoreset_mode=mode) as venv:
             await wait(venv.reset(seed=0))
             await wait(venv.step(_actions(0)))
             pid, envs = await _kill_idle_worker(venv)
