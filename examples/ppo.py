@@ -464,7 +464,7 @@ class Sampler:
             ids = res.env_ids
             self._record(ids, self.tstep[ids], res.obs, res.rewards, res.terminations, res.truncations, res.infos, ro)
             self.tstep[ids] += 1
-            more = ids[self.tstep[ids] < T]
+            more = np.sort(ids[self.tstep[ids] < T])  # sorted: a worker's whole shard goes as one short command
             in_flight += len(more) - len(ids)
             if len(more):
                 venv.send(self._act(policy, more, self.tstep[more], noise, ro), more)
