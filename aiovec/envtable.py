@@ -218,6 +218,9 @@ class EnvTable:
             for i in self.all[ids].tolist():
                 if i in self.lost:
                     self.state[i] = LOST
+                    if self.restarted[i]:
+                        self.restarted[i] = False
+                        self.num_restarted -= 1
         if self.debug:
             self.check()
         return rows
@@ -252,6 +255,8 @@ class EnvTable:
         """
         synthesized = []
         for i in ids:
+            if i in self.lost:
+                continue  # its own worker is gone for good: nothing restarts it
             st = self.state[i]
             if st == STEPPING:
                 self.in_flight -= 1

@@ -159,7 +159,8 @@ class WorkerPool:
         handle = backend.start_worker(wid, functools.partial(self._on_reply, wid), functools.partial(self._on_exit, wid))
         w = self.workers[wid] = _Worker(handle, kind, backend.spin_s, backend.shard_step)
         w.pending.append(_Pending(P.READY, time.perf_counter(), self._on_ready, None))
-        self.stats.worker(wid).pid = getattr(handle, "pid", None)
+        ws = self.stats.worker(wid)
+        ws.pid, ws.kind = getattr(handle, "pid", None), kind
         return wid
 
     def _on_ready(self, wid: int, reply: Any, error: BaseException | None) -> None:

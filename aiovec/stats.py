@@ -33,7 +33,8 @@ class WorkerStats:
     """Totals for one worker, fed by every reply it sends."""
 
     worker_id: int
-    pid: int | None = None
+    pid: int | None = None  # None for an inline worker (its envs live in this process)
+    kind: str = "process"  # "process" (or a Ray actor) or "inline"
     envs: int = 0
     steps: int = 0
     commands: int = 0
@@ -57,6 +58,7 @@ class WorkerStats:
         return {
             "worker_id": self.worker_id,
             "pid": self.pid,
+            "kind": self.kind,
             "envs": self.envs,
             "steps": self.steps,
             "cpu_per_step_s": self.cpu_s / per,

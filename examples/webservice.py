@@ -343,7 +343,9 @@ def _rollout(request: web.Request) -> Rollout:
 async def launch(app: web.Application, env_id: str, num_envs: int, *, num_workers: int | str = "auto", mode: str = "step",
                  seed: int = 0, max_steps: int | None = None) -> Rollout:
     """Make the vector env (in a thread: ``aiovec.make`` builds and probes one env here) and start its tasks."""
-    venv = await asyncio.to_thread(aiovec.make, env_id, num_envs, num_workers=num_workers)
+    # placement="process": a service keeps its envs out of its own process (an env that segfaults or hangs
+    # must not take the server down), even cheap ones that aiovec would otherwise step on this loop.
+    venv = await asyncio.to_thread(aiovec.make, env_id, num_envs, num_workers=num_workers, placement="process")
     if app[CLOSING].is_set():  # the app is shutting down: never start workers it would not stop
         await venv.close()
         raise aiovec.ClosedError("the service is shutting down")

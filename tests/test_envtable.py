@@ -153,6 +153,7 @@ def test_random_event_sequences_match_the_reference_model(events: list) -> None:
         elif kind == "restart":
             ids = [i for i in ids if m.state[i] != LOST]
             t.worker_restarted(ids)
+            ids = [i for i in ids if i not in m.lost]  # a lost env's worker is gone for good
             for i in ids:
                 if m.state[i] == STEPPING:
                     m.state[i] = READY

@@ -18,7 +18,6 @@ hangs cannot be killed (so ``step_timeout`` and ``placement="process"`` exclude 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import deque
 from typing import Any
@@ -42,7 +41,7 @@ class InlineWorker(WorkerHandle):
     def __init__(self, worker_id: int, views: Any, autoreset_mode: str, obs_space: Any, action_space: Any,
                  host_options: dict, on_reply: ReplyCallback, on_exit: ExitCallback) -> None:
         self.worker_id = worker_id
-        self.pid = os.getpid()
+        self.pid = None  # no process of its own: its envs live in this one
         self._loop = asyncio.get_running_loop()
         self._on_reply = on_reply
         self._on_exit = on_exit
@@ -55,7 +54,7 @@ class InlineWorker(WorkerHandle):
         # The step in progress: (ids, next index, infos, errors, cpu0, wall0).
         self._step: list | None = None
         self._per_env_s = SLICE_S  # measured cost of one env step here (sizes the chunks; one env until measured)
-        self._loop.call_soon(self._reply, P.Reply(P.READY, (), {"pid": self.pid, "spin_s": None}, None, P.NO_TIMING))
+        self._loop.call_soon(self._reply, P.Reply(P.READY, (), {"pid": None, "spin_s": None}, None, P.NO_TIMING))
 
     @property
     def alive(self) -> bool:
