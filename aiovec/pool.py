@@ -111,6 +111,7 @@ class WorkerPool:
         self._last_restart = -1e9
         self._backoff = restart_backoff
         self.on_restart: Callable[[WorkerCrashedError], None] | None = None  # set by the vector env
+        self.on_step: Callable[[np.ndarray], None] = lambda env_ids: None  # a clean step of these envs finished (set by the vector env)
         self.restart_state: Callable[[int], dict | None] = lambda env_id: None
         self.closing = False
         self.started = False
@@ -157,6 +158,7 @@ class WorkerPool:
         self._next_id += 1
         backend = self.backends[kind]
         handle = backend.start_worker(wid, functools.partial(self._on_reply, wid), functools.partial(self._on_exit, wid))
+        handle.on_step_timing = functools.partial(self._on_step_timing, wid)
         w = self.workers[wid] = _Worker(handle, kind, backend.spin_s, backend.shard_step)
         w.pending.append(_Pending(P.READY, time.perf_counter(), self._on_ready, None))
         ws = self.stats.worker(wid)
@@ -515,6 +517,31 @@ class WorkerPool:
             self.stats.record(wid, len(ids), reply.timing, time.perf_counter() - t_sent)
         if handler is not None:
             handler(wid, reply, None)
+        if self._retiring and wid in self._retiring and not w.pending:
+            self._stop_empty()
+        if self.recycle_steps or self.recycle_rss_mb:
+            self._replies += 1
+            if self._replies % 64 == 0:
+                self._check_recycle()
+
+    def _on_step_timing(self, wid: int, cpu_s: float, wall_s: float) -> None:
+        """A clean step reply (no infos, no errors): the hot path, no reply object built."""
+        w = self.workers.get(wid)
+        if w is None:
+            return
+        p = w.pending.popleft()
+        ids = p.env_ids
+        n, latency = len(ids), time.perf_counter() - p.t_sent
+        st = self.stats
+        st.steps += n
+        st.latency.add(latency)
+        ws = st.workers.get(wid) or st.worker(wid)
+        ws.steps += n
+        ws.commands += 1
+        ws.cpu_s += cpu_s
+        ws.wall_s += wall_s
+        ws.latency.add(latency)
+        self.on_step(ids)
         if self._retiring and wid in self._retiring and not w.pending:
             self._stop_empty()
         if self.recycle_steps or self.recycle_rss_mb:

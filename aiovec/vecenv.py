@@ -372,6 +372,7 @@ class AsyncVecEnv:
             pool.on_restart = self._on_worker_restarted
             pool.restart_state = self._restart_state
             pool.movable = self._table.movable
+            pool.on_step = self._on_clean_step
             try:
                 await pool.start(workers, kind)
             except BaseException:
@@ -863,6 +864,16 @@ class AsyncVecEnv:
         if pool is not None and pool.pending_moves:
             pool.try_moves()
         self._notify()
+
+    def _on_clean_step(self, ids: np.ndarray) -> None:
+        """The hot path of ``_on_step_reply``: a worker stepped ``ids`` without infos or errors."""
+        v = self._views
+        self._table.step_done(ids, v.terminations, v.truncations, None, None)
+        pool = self._pool
+        if pool is not None and pool.pending_moves:
+            pool.try_moves()
+        if self._waiters:
+            self._notify()
 
     def _restart_state(self, i: int) -> dict:
         """State for env ``i`` on its new worker: episode over, generator derived from its last seed."""

@@ -24,6 +24,9 @@ class WorkerHandle(ABC):
     """One worker: a process or an actor hosting a shard of envs."""
 
     worker_id: int
+    on_step_timing: Callable[[float, float], None] | None = None
+    """Set by the pool: called with ``(cpu_s, wall_s)`` for a step reply with no infos and no errors
+    (the hot path: no reply object is built). Where it is None, such replies go to ``on_reply``."""
 
     @abstractmethod
     def send(self, msg: tuple[Any, ...]) -> None:

@@ -126,7 +126,10 @@ class InlineWorker(WorkerHandle):
         self._step = None
         timing = P.Timing(host._cpu_clock() - st[4], clock() - st[5])
         if isinstance(msg, bytes) and st[2] is None and st[3] is None:
-            self._reply(timing)  # what a process worker's fast reply decodes to
+            if self.on_step_timing is not None and not self._exited:
+                self.on_step_timing(timing.cpu_s, timing.wall_s)
+            else:
+                self._reply(timing)  # what a process worker's fast reply decodes to
         else:
             self._reply(P.Reply(P.STEP, None if isinstance(msg, bytes) else tuple(ids), st[2], st[3], timing))
         return True

@@ -30,6 +30,7 @@ from .base import Backend, ExitCallback, ReplyCallback, WorkerHandle
 _HEADER = struct.Struct("!i")  # multiprocessing.Connection's frame header
 _STEP_SHARD_FRAME = _HEADER.pack(len(P.STEP_SHARD)) + P.STEP_SHARD
 _FAST_FRAME_SIZE = _HEADER.size + P.FAST_REPLY_SIZE
+_FAST_FRAME = struct.Struct("=4xBdd")  # a whole fast reply frame: header skipped, marker, cpu, wall
 _live: weakref.WeakSet[ProcessWorker] = weakref.WeakSet()
 
 
@@ -209,7 +210,12 @@ class ProcessWorker(WorkerHandle):
                 self._loop.call_later(2.0, self._force_exit_report)
             return
         if len(data) == _FAST_FRAME_SIZE and not self._rbuf and data[4] == P.FAST_MARK:  # the hot path: one fast reply
-            self._on_reply(P.decode_reply(data[4:]))
+            fast = self.on_step_timing
+            if fast is not None:
+                _, cpu, wall = _FAST_FRAME.unpack(data)
+                fast(cpu, wall)
+            else:
+                self._on_reply(P.decode_reply(data[4:]))
             return
         buf = self._rbuf + data if self._rbuf else data
         pos, end = 0, len(buf)
