@@ -185,6 +185,28 @@ class FaultEnv(CostEnv):
             time.sleep(self.hang_s)
 
 
+class InfoEnv(CostEnv):
+    """Returns an info on every step, as MuJoCo and ALE envs do: numpy and Python scalars of mixed types.
+
+    ``ragged=True``: one key appears only on some steps (infos then differ between envs);
+    ``numpy_bool=True``: one value is a ``numpy.bool_`` (gymnasium batches those as objects).
+    """
+
+    def __init__(self, ragged: bool = False, numpy_bool: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.ragged, self.numpy_bool = ragged, numpy_bool
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        obs, reward, term, trunc, _ = super().step(action)
+        info: dict[str, Any] = {"x": np.float64(obs[0]), "ctrl": np.float32(obs[1]), "frame": self._t, "lives": int(obs[2] > 0),
+                                "alive": bool(obs[3] > 0), "steps": np.int32(self._t)}
+        if self.numpy_bool:
+            info["flag"] = np.bool_(obs[4] > 0)
+        if self.ragged and obs[5] > 0:
+            info["bonus"] = float(obs[5])
+        return obs, reward, term, trunc, info
+
+
 class SlowStartEnv(CostEnv):
     """An env whose constructor takes ``start_s`` seconds, as a booting simulator does.
 
@@ -208,6 +230,7 @@ _REGISTRY = {
     "aiovec/PhaseChange-v0": PhaseChangeEnv,
     "aiovec/Fault-v0": FaultEnv,
     "aiovec/SlowStart-v0": SlowStartEnv,
+    "aiovec/Info-v0": InfoEnv,
 }
 
 for _id, _cls in _REGISTRY.items():

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .errors import EnvStateError, WorkerCrashedError
+from .protocol import info_rows
 
 
 class EnvState(IntEnum):
@@ -175,6 +176,7 @@ class EnvTable:
                 self.check()
             return []
         failed: list[int] = []
+        infos = info_rows(infos)
         if errors:
             failed = [e[0] for e in errors]
             self.state[failed] = BROKEN

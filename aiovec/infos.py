@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import VectorEnv
 
+from .protocol import InfoRow
+
 _SCALARS = (int, float, bool)
 
 
@@ -27,11 +29,18 @@ class _Batch:
         self.num_envs = n
 
 
-def batch_infos(n: int, rows: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
-    """Merge per-env info dicts into one vectorised dict of ``n`` rows; ``rows`` is ``(row, info)``."""
+def batch_infos(n: int, rows: Sequence[tuple[int, dict[str, Any] | InfoRow]]) -> dict[str, Any]:
+    """Merge per-env infos into one vectorised dict of ``n`` rows; ``rows`` is ``(row, info)``.
+
+    An info is a dict, or an :class:`~aiovec.protocol.InfoRow` as packed by a worker.
+    """
     rows = [(k, info) for k, info in rows if info]
     if not rows:
         return {}
+    schema = rows[0][1].schema if type(rows[0][1]) is InfoRow else None
+    if schema is not None and all(type(info) is InfoRow and info.schema == schema for _, info in rows):
+        return _batch_packed(n, schema, rows)
+    rows = [(k, info.to_dict() if type(info) is InfoRow else info) for k, info in rows]
     fast = _batch_flat(n, rows)
     if fast is not None:
         return fast
@@ -39,6 +48,26 @@ def batch_infos(n: int, rows: Sequence[tuple[int, dict[str, Any]]]) -> dict[str,
     batch = _Batch(n)
     for row, info in rows:
         out = batch._add_info(out, info, row)
+    return out
+
+
+def _batch_packed(n: int, schema: tuple, rows: list[tuple[int, InfoRow]]) -> dict[str, Any]:
+    """Packed rows sharing one schema: one array per key, as gymnasium's ``_add_info`` would build it."""
+    keys, types = schema
+    whole = len(rows) == n and all(k == r for r, (k, _) in enumerate(rows))
+    idx = None if whole else np.fromiter((k for k, _ in rows), np.int64, len(rows))
+    columns = list(zip(*(info.values for _, info in rows), strict=True))
+    out: dict[str, Any] = {}
+    for key, kind, values in zip(keys, types, columns, strict=True):
+        if idx is None:
+            out[key] = np.array(values, dtype=kind)
+            out[f"_{key}"] = np.ones(n, dtype=np.bool_)
+        else:
+            array = np.zeros(n, dtype=kind)
+            array[idx] = values
+            mask = np.zeros(n, dtype=np.bool_)
+            mask[idx] = True
+            out[key], out[f"_{key}"] = array, mask
     return out
 
 

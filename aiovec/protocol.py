@@ -20,6 +20,8 @@ import struct
 from enum import IntEnum
 from typing import Any, NamedTuple
 
+import numpy as np
+
 
 class Op(IntEnum):
     ADD = 0
@@ -116,6 +118,56 @@ class Reply(NamedTuple):
     payload: Any
     errors: list[ErrorInfo] | None
     timing: Timing
+
+
+class InfoRow(NamedTuple):
+    """One env's info as it travels packed: ``schema`` (keys and value types, shared by the rows
+    of a reply) and the values as plain Python scalars (cheap to pickle, unlike numpy scalars)."""
+
+    schema: tuple[tuple[str, ...], tuple[type, ...]]
+    values: tuple
+
+    def to_dict(self) -> dict[str, Any]:
+        keys, types = self.schema
+        return {k: t(v) for k, t, v in zip(keys, types, self.values, strict=True)}
+
+
+class PackedInfos(NamedTuple):
+    """A reply's infos when every env returned the same keys with scalar values of the same types
+    (MuJoCo's and ALE's every step): one schema, one tuple of Python scalars per env (None: no info)."""
+
+    schema: tuple[tuple[str, ...], tuple[type, ...]]
+    rows: list[tuple | None]
+
+    def as_rows(self) -> list[InfoRow | None]:
+        return [None if r is None else InfoRow(self.schema, r) for r in self.rows]
+
+
+_SCALARS = (int, float, bool)
+
+
+def pack_infos(infos: list[dict | None]) -> PackedInfos | list[dict | None]:
+    """Pack one reply's infos (aligned with its env ids) when they share keys and scalar types; else as they are."""
+    schema = None
+    rows: list[tuple | None] = []
+    for info in infos:
+        if not info:
+            rows.append(None)
+            continue
+        types = tuple(type(v) for v in info.values())
+        if schema is None:
+            if not all(t in _SCALARS or issubclass(t, np.number) for t in types):  # what gymnasium batches as numbers
+                return infos
+            schema = (tuple(info), types)
+        elif types != schema[1] or tuple(info) != schema[0]:
+            return infos
+        rows.append(tuple(v.item() if type(v) not in _SCALARS else v for v in info.values()))
+    return infos if schema is None else PackedInfos(schema, rows)
+
+
+def info_rows(infos: PackedInfos | list | None) -> list | None:
+    """A reply's infos as one entry per env (a dict, an :class:`InfoRow`, or None)."""
+    return infos.as_rows() if isinstance(infos, PackedInfos) else infos
 
 
 NO_TIMING = Timing(0.0, 0.0, 0.0)

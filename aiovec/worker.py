@@ -499,7 +499,7 @@ def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = 
             if infos is None and errors is None and not timing.runq_s:
                 out = fast_reply(timing.cpu_s, timing.wall_s)
             else:
-                out = encode(P.Reply(P.STEP, None, infos, errors, timing))
+                out = encode(P.Reply(P.STEP, None, None if infos is None else P.pack_infos(infos), errors, timing))
             msg = None
         else:
             msg = P.decode(frame)

@@ -151,3 +151,28 @@ def test_close_while_inline_steps_are_queued(run_uv, clean) -> None:
 
     run_uv(main())
     assert_clean(clean)
+
+
+@pytest.mark.parametrize("variant", [{}, {"ragged": True}, {"numpy_bool": True}], ids=["same-keys", "ragged-keys", "numpy-bool"])
+@pytest.mark.parametrize("placement", ["inline", "process"])
+def test_step_infos_equal_sync_vector_env_key_by_key_and_dtype(run_uv, clean, variant: dict, placement: str) -> None:
+    """Infos on every step (packed by workers when every env returns the same scalar keys) batch exactly
+    as gymnasium's: same keys, masks, values and dtypes (float32 stays float32, bools stay bools)."""
+    n = 5
+
+    async def main() -> None:
+        make = lambda: gym.make("aiovec/Info-v0", episode_len=7, **variant)  # noqa: E731
+        ref = gym.vector.SyncVectorEnv([make] * n)
+        async with aiovec.AsyncVecEnv([make] * n, placement=placement, num_workers=2 if placement == "process" else "auto") as venv:
+            _compare_reset(await wait(venv.reset(seed=2)), ref.reset(seed=2))
+            rng = np.random.default_rng(0)
+            for t in range(40):
+                actions = rng.integers(0, 2, n)
+                got, want = await wait(venv.step(actions)), ref.step(actions)
+                _compare(got, want, t)
+                for key, value in want[4].items():
+                    assert got[4][key].dtype == value.dtype, (t, key, got[4][key].dtype, value.dtype)
+        ref.close()
+
+    run_uv(main())
+    assert_clean(clean)
