@@ -59,16 +59,19 @@ def _batch_packed(n: int, schema: tuple, rows: list[tuple[int, InfoRow]]) -> dic
     columns = list(zip(*(info.values for _, info in rows), strict=True))
     out: dict[str, Any] = {}
     for key, kind, values in zip(keys, types, columns, strict=True):
-        if idx is None:
-            out[key] = np.array(values, dtype=kind)
-            out[f"_{key}"] = np.ones(n, dtype=np.bool_)
-        else:
-            array = np.zeros(n, dtype=kind)
-            array[idx] = values
-            mask = np.zeros(n, dtype=np.bool_)
-            mask[idx] = True
-            out[key], out[f"_{key}"] = array, mask
+        out[key], out[f"_{key}"] = _column(n, kind, values, idx)
     return out
+
+
+def _column(n: int, kind: type, values: Any, idx: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """One key's array and mask over ``n`` rows: ``values`` for every row (``idx`` None) or for rows ``idx``."""
+    if idx is None:
+        return np.array(values, dtype=kind), np.ones(n, dtype=np.bool_)
+    array = np.zeros(n, dtype=kind)
+    array[idx] = values
+    mask = np.zeros(n, dtype=np.bool_)
+    mask[idx] = True
+    return array, mask
 
 
 def _batch_flat(n: int, rows: list[tuple[int, dict[str, Any]]]) -> dict[str, Any] | None:
@@ -85,13 +88,5 @@ def _batch_flat(n: int, rows: list[tuple[int, dict[str, Any]]]) -> dict[str, Any
         values = [info[key] for _, info in rows]
         if any(type(v) is not kind for v in values):
             return None  # gymnasium casts later rows into the first row's dtype: leave that to it
-        if idx is None:
-            out[key] = np.array(values, dtype=kind)
-            out[f"_{key}"] = np.ones(n, dtype=np.bool_)
-        else:
-            array = np.zeros(n, dtype=kind)
-            array[idx] = values
-            mask = np.zeros(n, dtype=np.bool_)
-            mask[idx] = True
-            out[key], out[f"_{key}"] = array, mask
+        out[key], out[f"_{key}"] = _column(n, kind, values, idx)
     return out

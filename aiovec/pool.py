@@ -514,15 +514,10 @@ class WorkerPool:
                 if ids is None:
                     ids = np.asarray(reply.env_ids, dtype=np.int64)
                 reply = P.Reply(P.STEP, ids, reply.payload, reply.errors, reply.timing)
-            self.stats.record(wid, len(ids), reply.timing, time.perf_counter() - t_sent)
+            self.stats.record(wid, len(ids), *reply.timing, time.perf_counter() - t_sent)
         if handler is not None:
             handler(wid, reply, None)
-        if self._retiring and wid in self._retiring and not w.pending:
-            self._stop_empty()
-        if self.recycle_steps or self.recycle_rss_mb:
-            self._replies += 1
-            if self._replies % 64 == 0:
-                self._check_recycle()
+        self._after_reply(wid, w)
 
     def _on_step_timing(self, wid: int, cpu_s: float, wall_s: float) -> None:
         """A clean step reply (no infos, no errors): the hot path, no reply object built."""
@@ -530,18 +525,12 @@ class WorkerPool:
         if w is None:
             return
         p = w.pending.popleft()
-        ids = p.env_ids
-        n, latency = len(ids), time.perf_counter() - p.t_sent
-        st = self.stats
-        st.steps += n
-        st.latency.add(latency)
-        ws = st.workers.get(wid) or st.worker(wid)
-        ws.steps += n
-        ws.commands += 1
-        ws.cpu_s += cpu_s
-        ws.wall_s += wall_s
-        ws.latency.add(latency)
-        self.on_step(ids)
+        self.stats.record(wid, len(p.env_ids), cpu_s, wall_s, 0.0, time.perf_counter() - p.t_sent)
+        self.on_step(p.env_ids)
+        self._after_reply(wid, w)
+
+    def _after_reply(self, wid: int, w: _Worker) -> None:
+        """Housekeeping after any reply: retire an emptied worker, recycle old or fat ones."""
         if self._retiring and wid in self._retiring and not w.pending:
             self._stop_empty()
         if self.recycle_steps or self.recycle_rss_mb:

@@ -45,14 +45,6 @@ class WorkerStats:
     env_threads: int | None = None  # threads stepping its envs, as the worker last confirmed (None: not asked yet)
     latency: LatencyRing = field(default_factory=lambda: LatencyRing(1024))
 
-    def record(self, nsteps: int, timing: tuple[float, float, float], latency: float) -> None:
-        self.steps += nsteps
-        self.commands += 1
-        self.cpu_s += timing[0]
-        self.wall_s += timing[1]
-        self.runq_s += timing[2]
-        self.latency.add(latency)
-
     def snapshot(self) -> dict:
         per = max(self.steps, 1)
         return {
@@ -96,15 +88,16 @@ class Stats:
             r.wall_s += ws.wall_s
             r.runq_s += ws.runq_s
 
-    def record(self, worker_id: int, nsteps: int, timing: tuple[float, float, float], latency: float) -> None:
+    def record(self, worker_id: int, nsteps: int, cpu_s: float, wall_s: float, runq_s: float, latency: float) -> None:
+        """One step command of a worker: ``nsteps`` env steps, what they cost inside it, its round trip."""
         self.steps += nsteps
         self.latency.add(latency)
         ws = self.workers.get(worker_id) or self.worker(worker_id)
         ws.steps += nsteps
         ws.commands += 1
-        ws.cpu_s += timing[0]
-        ws.wall_s += timing[1]
-        ws.runq_s += timing[2]
+        ws.cpu_s += cpu_s
+        ws.wall_s += wall_s
+        ws.runq_s += runq_s
         ws.latency.add(latency)
 
     def snapshot(self) -> dict:
