@@ -271,9 +271,17 @@ def core_version() -> str:
     repo = HERE.parent
     head = subprocess.run(["git", "-C", str(repo), "log", "-1", "--oneline"], capture_output=True, text=True).stdout.strip()[:72]
     if not path.startswith(str(repo / "aiovec")):
-        return f"aiovec imported from {Path(path).parent} (repository HEAD: {head})"
+        return f"aiovec imported from {Path(path).parent}"
     dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "aiovec"], capture_output=True, text=True).stdout
     return head + (" + uncommitted changes in aiovec/" if dirty else "")
+
+
+def report(runs: list[dict], args: argparse.Namespace, core: str) -> None:
+    """Write table.md and the plot; print the table and the targets."""
+    md = table(runs, args, core)
+    (args.out / "table.md").write_text(md + "\n")
+    plot(runs, args.out / "return_vs_time.png", args.target)
+    print("\n" + md + "\n\nTargets (issue 14):\n" + "\n".join("- " + t for t in targets(runs)))
 
 
 def main() -> None:
@@ -288,6 +296,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="smoke run: seed 1, settings " + ",".join(QUICK) + ", 8k-step caps")
     p.add_argument("--setup-only", action="store_true", help="only profile set-up (time to first step), write setup.md")
     p.add_argument("--setup-repeats", type=int, default=5, help="fresh processes per set-up measurement")
+    p.add_argument("--retable", action="store_true", help="only rebuild table.md and the plot from --out's results.json")
+    p.add_argument("--core-label", default=None, help="name the core measured (default: which aiovec the runs import)")
     args = p.parse_args()
     args.seeds = [int(x) for x in args.seeds.split(",")] if "," in args.seeds else list(range(1, int(args.seeds) + 1))
     args.settings = args.settings.split(",")
@@ -304,7 +314,14 @@ def main() -> None:
         args.settings = [s for s in args.settings if s not in dropped]
         print(f"this aiovec has no placement option: skipping {dropped}")
     args.out.mkdir(parents=True, exist_ok=True)
-    core = core_version()
+    if args.retable:
+        saved = json.loads((args.out / "results.json").read_text())
+        core = args.core_label or saved["core"]
+        runs = saved["runs"]
+        args.settings = [s for s in SETTINGS if any(r["setting"] == s for r in runs)]
+        report(runs, args, core)
+        return
+    core = args.core_label or core_version()
     print(f"core: {core}\nout: {args.out}", flush=True)
     if args.setup_only:
         md = setup_profile(args, have_placement)
@@ -323,10 +340,7 @@ def main() -> None:
                   + (f"{args.target:.0f} at {hit['wall_s']:.1f}s / {hit['global_step']} steps" if hit else f"not reached ({r['stopped_by']})")
                   + f", setup {r['setup_s']:.2f}s, {r['steps_per_s']:.0f} steps/s, pipeline {r['pipeline'].split(':')[0]}", flush=True)
             (args.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "core": core, "runs": runs}))
-    md = table(runs, args, core)
-    (args.out / "table.md").write_text(md + "\n")
-    plot(runs, args.out / "return_vs_time.png", args.target)
-    print("\n" + md + "\n\nTargets (issue 14):\n" + "\n".join("- " + t for t in targets(runs)))
+    report(runs, args, core)
     print(f"\nwrote {args.out}/results.json, table.md, return_vs_time.png ({time.perf_counter() - t0:.0f}s in all)")
     if os.environ.get("PPO_SPEEDUP_KEEP_RUNS") is None:  # per-run logs are large; results.json has the summaries
         import shutil
