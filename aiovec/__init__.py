@@ -15,6 +15,7 @@ from .errors import (
 from .gym import VectorEnv, make_vec
 from .loop import run
 from .make import make
+from .measured import MeasuredController
 from .vecenv import AsyncVecEnv, StepResult
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Controller",
     "Decision",
     "Measurement",
+    "MeasuredController",
     "StaticController",
     "AsyncVecEnv",
     "ClosedError",

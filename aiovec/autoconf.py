@@ -1,7 +1,8 @@
 """A static choice of worker count (and spinning) from a probe of the env's step cost.
 
-The adaptive controller refines this at run time; this is the starting point,
-and what ``num_workers="auto"`` means when no controller runs.
+The adaptive controller refines this at run time; this is the starting point
+(processes, threads per process, inline or not), and what ``num_workers="auto"`` means
+when no controller runs.
 """
 
 from __future__ import annotations
@@ -54,18 +55,38 @@ def probe_step_cost(env: Any, max_steps: int = 20, max_s: float = 0.05) -> StepC
 
 
 def plan_workers(num_envs: int, cost: StepCost | None, cpus: int) -> int:
-    """Workers for ``num_envs`` envs of this cost on ``cpus`` CPUs.
+    """Worker processes for ``num_envs`` envs of this cost on ``cpus`` CPUs.
 
-    CPU-bound envs: no more workers than CPUs, and no more than keeps each command
-    above ``MIN_WORK_PER_COMMAND_S``. Waiting envs: a worker per env overlaps the
-    waits (up to 8 per CPU).
+    No more processes than CPUs (waiting envs overlap their waits on threads inside the
+    workers, see :func:`plan_threads`), and no more than keeps each command above
+    ``MIN_WORK_PER_COMMAND_S``; the count is one whose busiest worker has fewer envs than with
+    one process less (lock-step waits for the busiest worker: 5 processes for 8 envs run like 4).
     """
-    if cost is None:
-        return max(1, min(num_envs, cpus))
-    if cost.waiting_share > 0.5:
-        return max(1, min(num_envs, 8 * cpus))
-    by_work = math.ceil(num_envs * cost.wall_s / MIN_WORK_PER_COMMAND_S)
-    return max(1, min(num_envs, cpus, by_work))
+    from .configs import efficient_counts
+
+    if cost is None or cost.waiting_share > 0.5:
+        hi = min(num_envs, cpus)
+    else:
+        hi = min(num_envs, cpus, math.ceil(num_envs * cost.wall_s / MIN_WORK_PER_COMMAND_S))
+    return max(1, efficient_counts(num_envs, max(1, hi))[-1])
+
+
+def plan_threads(num_envs: int, cost: StepCost | None, cpus: int, workers: int, max_threads: int = 32) -> int:
+    """Env threads per worker process to start with: the fewest the cost model expects to do as well as any.
+
+    Only envs that mostly wait get threads (their waits overlap while the GIL is free); the
+    controller then measures and corrects this guess.
+    """
+    if cost is None or cost.waiting_share <= 0.5 or workers < 1:
+        return 1
+    from .configs import Config, efficient_threads, largest_shard
+    from .costmodel import Costs, predict
+
+    costs = Costs(cost.cpu_s, max(0.0, cost.wall_s - cost.cpu_s), 20e-6)
+    options = efficient_threads(largest_shard(num_envs, workers), max_threads)
+    rated = [(predict(Config("process", workers, t), costs, num_envs, cpus), t) for t in options]
+    top = max(r for r, _ in rated)
+    return min(t for r, t in rated if r >= 0.97 * top)
 
 
 def spin_for(num_workers: int, cpus: int) -> float:

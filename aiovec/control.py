@@ -1,8 +1,13 @@
-"""The control loop: samples measurements each interval, asks the controller, resizes the pool.
+"""The control loop: samples measurements each interval, asks the controller, applies its decision.
 
 Runs as a task beside the vector env. An interval lasts until it has seen at
 least ``max(30, 8 * workers)`` completed steps and ``min_interval`` seconds (at most
 ``max_interval``), jittered by +-10% so it does not lock onto periodic behaviour.
+
+A decision may change three things, applied in this order: the placement (inline or
+processes: envs move at episode boundaries), the threads per worker process (instant,
+a TUNE to every worker) and the process count (envs move at episode boundaries).
+A v1 controller's decision (threads and placement None) changes only the process count.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ if TYPE_CHECKING:
 class _Sample:
     t: float
     steps: int
+    commands: int
     cpu: float
     wall: float
     runq: float
@@ -42,27 +48,67 @@ class ControlLoop:
         self.cost_s = 0.0  # CPU the loop itself used
         self._rng = random.Random(seed)
         self._cpus = venv._pool.backend.cpus() if venv._pool is not None else float(available_cpus())
+        # Knobs the user set: a number of workers, or threads other than the default.
+        self.fixed_workers = venv._num_workers_arg != "auto"
+        self.fixed_threads = getattr(venv, "_env_threads_arg", venv.env_threads) != 1
+        pool = venv._pool
+        self.inline_ok = pool is not None and "inline" in pool.backends and venv.placement_arg == "auto" and not self.fixed_workers
 
     def _sample(self) -> _Sample:
         stats = self.venv._stats
         workers = [*stats.workers.values(), stats.retired]
         return _Sample(
-            time.perf_counter(), sum(w.steps for w in workers), sum(w.cpu_s for w in workers),
+            time.perf_counter(), sum(w.steps for w in workers), sum(w.commands for w in workers), sum(w.cpu_s for w in workers),
             sum(w.wall_s for w in workers), sum(w.runq_s for w in workers), time.process_time(),
             self.venv._busy_time(), self.venv._pool.moves if self.venv._pool else 0,
         )
 
+    def _largest_shard(self) -> int:
+        pool = self.venv._pool
+        return max((len(w.envs) for w in pool.workers.values()), default=0) if pool is not None else 0
+
     def measure(self, a: _Sample, b: _Sample, settling: bool) -> Measurement:
+        """One interval's :class:`Measurement` from two samples (per env step; see ``blocked_per_step``)."""
+        venv, pool = self.venv, self.venv._pool
         steps = b.steps - a.steps
         per = max(steps, 1)
         cpu, wall, runq = (b.cpu - a.cpu) / per, (b.wall - a.wall) / per, (b.runq - a.runq) / per
         dt = b.t - a.t
+        placement = pool.kind if pool is not None else "process"
+        threads = 1 if placement == "inline" else max(1, venv.env_threads)
+        shard = self._largest_shard()
+        # Lock-step: every command steps a worker's whole shard. First-finished: commands carry fewer envs.
+        commands = b.commands - a.commands
+        live = max(1, venv.num_workers)
+        lockstep = None if commands <= 0 else steps / commands >= 0.9 * venv.num_envs / live
+        if threads > 1:  # a command's wall time is shared by its envs' threads: per env step it is longer
+            wall *= max(1, min(threads, shard or 1))
         return Measurement(
-            interval_s=dt, num_workers=self.venv._pool.target_workers, num_envs=self.venv.num_envs, steps=steps,
+            interval_s=dt, num_workers=pool.target_workers if pool is not None else 0, num_envs=venv.num_envs, steps=steps,
             cpu_per_step=cpu, blocked_per_step=max(0.0, wall - cpu - runq), runq_per_step=runq,
             main_cpu_per_step=(b.main_cpu - a.main_cpu) / per, demand=min(1.0, (b.busy - a.busy) / dt) if dt > 0 else 0.0,
-            cpus=self._cpus, settling=settling, live_workers=self.venv.num_workers,
+            cpus=self._cpus, settling=settling, live_workers=venv.num_workers,
+            threads=threads, placement=placement, lockstep=lockstep, largest_shard=shard,
+            fixed_workers=self.fixed_workers, fixed_threads=self.fixed_threads, inline_ok=self.inline_ok,
         )
+
+    async def apply(self, m: Measurement, d: Decision) -> bool:
+        """Carry out a decision; whether envs have to move (the next intervals are settling)."""
+        venv, pool = self.venv, self.venv._pool
+        if pool is None:
+            return False
+        moved = False
+        if d.placement is not None and d.placement != m.placement and not self.fixed_workers:
+            if d.placement == "process" and d.threads is not None and d.threads != venv.env_threads:
+                await venv.set_env_threads(d.threads)  # new workers start with it
+            await venv.resize(max(1, d.target), placement=d.placement)
+            return True
+        if d.threads is not None and d.threads != m.threads and m.placement == "process" and not self.fixed_threads:
+            await venv.set_env_threads(d.threads)
+        if d.target != m.num_workers and not (self.fixed_workers and d.placement is not None):
+            await venv.resize(d.target)
+            moved = True
+        return moved
 
     async def run(self) -> None:
         prev = self._sample()
@@ -78,15 +124,18 @@ class ControlLoop:
                 return
             m = self.measure(prev, cur, settle or cur.moves != prev.moves or pool.pending_moves > 0)
             d: Decision = self.controller.decide(m)
+            threads = getattr(d, "threads", None)
+            placement = getattr(d, "placement", None)
             self.history.append({
                 "t": cur.t - self.venv._stats.t0, "workers": m.num_workers, "steps_per_s": m.throughput,
                 "latency_p50_s": self.venv._stats.latency.percentiles((50,))["p50"], "target": d.target,
                 "reason": d.reason, "measured": d.measured, "runq_share": m.runq_share,
+                "threads": m.threads, "placement": m.placement, "lockstep": m.lockstep,
+                "config": "inline" if m.placement == "inline" else f"{m.num_workers}p x {m.threads}t",
+                "target_threads": threads, "target_placement": placement,
             })
             self.cost_s += time.thread_time() - c0
-            settle = d.target != m.num_workers
-            if settle:
-                c0 = time.thread_time()
-                await self.venv.resize(d.target)
-                self.cost_s += time.thread_time() - c0
+            c0 = time.thread_time()
+            settle = await self.apply(m, Decision(d.target, d.reason, d.measured, threads, placement))
+            self.cost_s += time.thread_time() - c0
             prev = self._sample()

@@ -38,11 +38,25 @@ class Measurement:
     cpus: float  # CPUs available to this process
     settling: bool = False  # workers started or envs moved during the interval
     live_workers: int = 0  # worker processes that hosted envs (retiring ones included); 0: same as num_workers
+    # v2 fields (optional: a v1 controller ignores them, a v1 trace leaves them at their defaults)
+    threads: int = 1  # env threads per worker process during the interval
+    placement: str = "process"  # "process", or "inline" (one in-process worker stepping every env)
+    lockstep: bool | None = None  # True: the caller steps every env together; False: first-finished; None: unknown
+    largest_shard: int = 0  # envs on the busiest worker (the lock-step critical path); 0: unknown
+    fixed_workers: bool = False  # the user fixed the process count (num_workers=<int>)
+    fixed_threads: bool = False  # the user fixed env_threads
+    inline_ok: bool = False  # the in-process rung may be used (placement="auto", no step_timeout, process backend)
 
     @property
     def throughput(self) -> float:
         """Env steps per second over the interval."""
         return self.steps / self.interval_s if self.interval_s > 0 else 0.0
+
+    @property
+    def env_step_s(self) -> float:
+        """One env step's own time (CPU plus waiting, without run-queue wait): per-step wall times
+        the envs a worker steps at once, since ``threads`` threads share a command's wall time."""
+        return self.cpu_per_step + self.blocked_per_step
 
     @property
     def runq_share(self) -> float:
@@ -55,13 +69,18 @@ class Measurement:
 class Decision:
     """A controller's answer for one interval: the worker count to run, and why (shown in ``control_history``).
 
+    A v2 controller may also set ``threads`` (env threads per worker process, instant) and
+    ``placement`` (``"inline"``: every env in this process); ``None`` leaves them as they are.
+
     >>> aiovec.Decision(4, "latency-bound: 4 workers keep the CPUs busy")
-    Decision(target=4, reason='latency-bound: 4 workers keep the CPUs busy', measured=True)
+    Decision(target=4, reason='latency-bound: 4 workers keep the CPUs busy', measured=True, threads=None, placement=None)
     """
 
     target: int
     reason: str
     measured: bool = True  # False when the interval was skipped (no demand, settling)
+    threads: int | None = None  # v2: env threads per worker process (None: leave as is)
+    placement: str | None = None  # v2: "process" or "inline" (None: leave as is)
 
 
 class Controller(Protocol):
@@ -80,7 +99,7 @@ class Controller(Protocol):
     """
 
     def decide(self, m: Measurement) -> Decision:
-        """The worker count for the next interval, given what the last one measured."""
+        """The worker count (and, optionally, threads and placement) for the next interval, given what the last one measured."""
         ...
 
 
@@ -89,7 +108,7 @@ class StaticController:
 
     >>> m = aiovec.Measurement(1.0, 2, 16, 1000, 1e-3, 0.0, 0.0, 5e-5, 1.0, 2)
     >>> aiovec.StaticController(3).decide(m)
-    Decision(target=3, reason='static', measured=True)
+    Decision(target=3, reason='static', measured=True, threads=None, placement=None)
     """
 
     def __init__(self, num_workers: int) -> None:

@@ -411,7 +411,15 @@ class AsyncVecEnv:
         if kind == "inline":
             workers = 1
         if kind == "inline" and self._explicit_controller is None:
-            self.controller = None  # the default controller turns process counts only
+            self.controller = None  # cheap envs in this process: nothing to turn (issue 13: the controller could)
+        elif auto and self._explicit_controller is None:
+            from .autoconf import plan_threads
+            from .measured import MeasuredController
+
+            self.controller = MeasuredController()  # controller v2: processes, threads per process, inline
+            self._env_threads_arg = self.env_threads
+            if self.env_threads == 1:  # not set by the user: start from the model's guess, the controller corrects it
+                self.env_threads = self._host_options["env_threads"] = plan_threads(self.num_envs, cost, cpus, workers)
         spin = self._spin_arg
         self._spin_s = spin_for(workers, cpus) if spin == "auto" else (SPIN_S if spin else 0.0)
         return kind, workers

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--duration", type=float, default=None, help="seconds per measurement")
     p.add_argument("--out", default=None, help="write the results as JSON here")
-    p.add_argument("--only", default=None, help="v2: the workloads whose name contains NAME, or one of loophold, stall, soak")
+    p.add_argument("--only", default=None, help="v2: the workloads whose name contains NAME, or one of loophold, stall, soak; controller: the scenarios whose key contains NAME")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if args.suite == "soak":
@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> None:
         from .ray_bench import main as run
     else:
         from .controller import main as run
+
+        options["only"] = args.only
     try:
         run(quick=args.quick, repeats=args.repeats, duration=args.duration, out=args.out, **options)
     except BaseException:

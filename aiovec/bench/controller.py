@@ -1,15 +1,251 @@
-"""``python -m aiovec.bench controller``: the demo's scenarios as a benchmark (adaptive vs static sweep)."""
+"""``python -m aiovec.bench controller``: the adaptive controller against a static sweep, same run.
+
+Per scenario, the static grid (:func:`aiovec.configs.static_grid`: balanced process counts x
+threads {1, 2, 4, 8} where envs wait, plus inline) and the adaptive controller
+(``num_workers="auto"``) are measured ``repeats`` times, interleaved (every setting once per
+round, rounds in turn), so drift on a busy machine spreads over all of them. A setting's
+figure is the median of its rounds; best static is the best median. Ratios are
+adaptive / best static, per round (against that round's best) and of the medians.
+
+Every run starts its own vector env, steps ``warm`` seconds uncounted (the adaptive run
+gets longer: it must converge there, within 10 control intervals) and then counts
+``measure`` seconds. A scenario whose env cost changes counts the whole schedule from the
+first step, for static and adaptive alike.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..configs import Config, static_grid
+from ..loop import run
 
 
-def main(quick: bool = False, repeats: int | None = None, duration: float | None = None, out: str | None = None) -> dict:
-    from ..demo import run_demo
+@dataclass
+class Scenario:
+    """An env of known cost, how many copies, and how the caller steps them."""
 
-    results = run_demo(quick=quick, output="bench-results/demo" if out is None else out)
+    key: str
+    title: str
+    env_id: str
+    num_envs: int
+    kwargs: dict = field(default_factory=dict)
+    waiting: bool = False  # envs wait (sleep/I/O): threads belong in the grid
+    lockstep: bool = True  # step() for all envs; False: recv(num_envs // 2) first-finished
+    phases: list[tuple[float, float, float]] | None = None  # (seconds, cpu_ms, wait_ms): a cost that changes
+    max_processes_share: float | None = None  # target: adaptive uses at most this share of num_envs as processes
+
+
+def scenarios(quick: bool = False) -> list[Scenario]:
+    """The demo's cases and the issue's: cheap, heavy CPU, waiting (24 and 64 envs), latency-bound, stragglers, a change of cost."""
+    ph = 1.5 if quick else 4.0
+    return [
+        Scenario("cheap", "cheap CPU-bound (CartPole-v1)", "CartPole-v1", 16),
+        Scenario("cpu", "heavy CPU-bound (1 ms CPU/step)", "aiovec/Busy-v0", 8, {"episode_len": 50}),
+        Scenario("wait24", "waiting 3 ms/step", "aiovec/Sleep-v0", 24, {"wait_ms": 3.0, "episode_len": 50}, waiting=True),
+        Scenario("wait64", "many waiting envs (5 ms/step)", "aiovec/Sleep-v0", 64, {"wait_ms": 5.0, "episode_len": 50},
+                 waiting=True, max_processes_share=0.25),
+        Scenario("latency", "latency-bound (1 ms CPU + 10 ms wait)", "aiovec/Sleep-v0", 48,
+                 {"cpu_ms": 1.0, "wait_ms": 10.0, "episode_len": 50}, waiting=True),
+        Scenario("stragglers", "stragglers (90% 0.5 ms, 10% 5 ms CPU), first-finished", "aiovec/Straggler-v0", 8,
+                 {"episode_len": 50}, lockstep=False),
+        Scenario("change", f"cost change: wait 3 ms -> 1 ms CPU -> wait 3 ms ({ph:g} s each)", "aiovec/PhaseChange-v0", 24,
+                 {"episode_len": 25}, waiting=True, phases=[(ph, 0.0, 3.0), (ph, 1.0, 0.0), (ph, 0.0, 3.0)]),
+    ]
+
+
+def _env_kwargs(s: Scenario, start: float) -> dict:
+    kw = dict(s.kwargs)
+    if s.phases:
+        kw["schedule"] = [*s.phases, (3600.0, *s.phases[-1][1:])]  # the last phase lasts past the run
+        kw["start_time"] = start
+    return kw
+
+
+async def measure(s: Scenario, setting: Config | str, warm: float, seconds: float) -> dict[str, Any]:
+    """Steps/s of one setting (a static :class:`Config`, or ``"auto"``) over ``seconds`` after ``warm`` uncounted."""
+    from ..make import make
+
+    start = time.time() + 3600.0  # a changing env holds its first phase until the counted run starts
+    if isinstance(setting, Config):
+        opts: dict[str, Any] = {"num_workers": setting.processes, "env_threads": setting.threads, "placement": setting.placement}
+    else:
+        opts = {"num_workers": "auto"}
+    kw = _env_kwargs(s, start)
+    venv = make(s.env_id, s.num_envs, env_kwargs=kw, **opts)
+    n = s.num_envs
+    acts = np.zeros(n, dtype=np.int64)
+    async with venv:
+        if s.phases:  # the schedule starts with the first counted step: set it on every env
+            await venv.set_attr("start_time", time.time() + warm)
+        await venv.reset(seed=0)
+        t0 = time.perf_counter()
+        counted = 0
+        t_count = t0 + warm
+        if not s.lockstep:
+            venv.send(acts)
+        while True:
+            now = time.perf_counter()
+            if now >= t_count + seconds:
+                break
+            if s.lockstep:
+                await venv.step(acts)
+                k = n
+            else:
+                r = await venv.recv(max(1, n // 2))
+                k = len(r.env_ids)
+                venv.send(acts[:k], r.env_ids)
+            if now >= t_count:
+                counted += k
+            elif time.perf_counter() >= t_count:
+                t_count = time.perf_counter()
+        elapsed = time.perf_counter() - t_count
+        if not s.lockstep:
+            await venv.drain()
+        hist = list(venv.control_history)
+        out = {"steps_per_s": counted / elapsed, "processes": venv._pool.num_processes if venv._pool else 0,
+               "threads": venv.env_threads, "placement": venv.placement, "history": hist,
+               "warm_s": warm, "measure_s": elapsed, "controller_cpu_s": venv._control.cost_s if venv._control else 0.0}
+    return out
+
+
+def _ratio_span(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"
+
+
+def converged_at(history: list[dict], start: int = 0) -> int | None:
+    """Control intervals from ``start`` until the configuration stops changing for good (None: it never settles)."""
+    labels = [h.get("config") for h in history[start:]]
+    if not labels:
+        return None
+    last = labels[-1]
+    k = len(labels)
+    while k > 0 and labels[k - 1] == last:
+        k -= 1
+    return k + 1 if k < len(labels) else None
+
+
+def run_scenario(s: Scenario, repeats: int, warm: float, seconds: float, log: Any = print) -> dict[str, Any]:
+    """Interleaved rounds of the static grid and the adaptive controller; medians, ranges and ratios."""
+    grid = static_grid(s.num_envs, s.waiting)
+    whole = bool(s.phases)
+    if whole:
+        warm_static = warm_auto = 0.0
+        seconds = sum(p[0] for p in s.phases or [])
+    else:
+        warm_static, warm_auto = min(warm, 0.5), warm
+    samples: dict[str, list[float]] = {c.label: [] for c in grid}
+    auto: list[dict[str, Any]] = []
+    for r in range(repeats):
+        order = grid if r % 2 == 0 else grid[::-1]
+        half = len(order) // 2
+        for c in order[:half]:
+            samples[c.label].append(run(measure(s, c, warm_static, seconds))["steps_per_s"])
+        a = run(measure(s, "auto", warm_auto, seconds))
+        auto.append(a)
+        for c in order[half:]:
+            samples[c.label].append(run(measure(s, c, warm_static, seconds))["steps_per_s"])
+        best_r = max(samples, key=lambda k: samples[k][-1])
+        log(f"  round {r + 1}: adaptive {a['steps_per_s']:,.0f} steps/s ({a['placement']}, {a['processes']}p x {a['threads']}t); "
+            f"best static {best_r} {samples[best_r][-1]:,.0f}")
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    best = max(med, key=med.__getitem__)
+    per_round = [a["steps_per_s"] / max(v[i] for v in samples.values()) for i, a in enumerate(auto)]
+    auto_med = statistics.median(a["steps_per_s"] for a in auto)
+    conv = [converged_at(a["history"]) for a in auto]
+    return {
+        "title": s.title, "num_envs": s.num_envs, "lockstep": s.lockstep, "whole_run": whole,
+        "static": {k: {"median": med[k], "samples": samples[k]} for k in samples},
+        "best_static": best, "best_static_median": med[best],
+        "adaptive": {"median": auto_med, "samples": [a["steps_per_s"] for a in auto],
+                     "final": [f"{a['placement']} {a['processes']}p x {a['threads']}t" for a in auto],
+                     "processes": [a["processes"] for a in auto], "converged_after_intervals": conv,
+                     "histories": [a["history"] for a in auto]},
+        "ratio_of_medians": auto_med / med[best], "ratio_per_round": per_round,
+        "max_processes": int(s.max_processes_share * s.num_envs) if s.max_processes_share else None,
+    }
+
+
+def table(results: dict[str, Any]) -> str:
+    """Markdown: per scenario the best static (median [range]), adaptive, the ratios, where adaptive ended."""
+    lines = ["| scenario | envs | best static (of the grid) | best static steps/s | adaptive steps/s | adaptive / best static "
+             "(median of rounds [range]) | ratio of medians | adaptive ended at | intervals to settle |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results.values():
+        st = r["static"][r["best_static"]]["samples"]
+        ad = r["adaptive"]["samples"]
+        conv = "/".join("-" if c is None else str(c) for c in r["adaptive"]["converged_after_intervals"])
+        lines.append(
+            f"| {r['title']} | {r['num_envs']} | {r['best_static']} | {statistics.median(st):,.0f} [{min(st):,.0f}-{max(st):,.0f}] | "
+            f"{statistics.median(ad):,.0f} [{min(ad):,.0f}-{max(ad):,.0f}] | {_ratio_span(r['ratio_per_round'])} | "
+            f"{r['ratio_of_medians']:.2f}x | {', '.join(sorted(set(r['adaptive']['final'])))} | {conv} |")
+    return "\n".join(lines)
+
+
+def sweep_table(r: dict[str, Any]) -> str:
+    """One scenario's static grid: median [range] per setting."""
+    cells = []
+    for k, v in r["static"].items():
+        s = v["samples"]
+        cells.append(f"{k}: {v['median']:,.0f} [{min(s):,.0f}-{max(s):,.0f}]")
+    return f"{r['title']} ({r['num_envs']} envs): " + "; ".join(cells)
+
+
+def targets(results: dict[str, Any]) -> list[str]:
+    """The issue's targets, each with the measurement that decides it."""
+    out = []
+    for key, r in results.items():
+        per = r["ratio_per_round"]
+        if r["whole_run"]:
+            ok = r["ratio_of_medians"] >= 1.0
+            out.append(f"{'PASS' if ok else 'FAIL'} {key}: whole-run median ratio {r['ratio_of_medians']:.2f}x >= 1.00x")
+        else:
+            ok = statistics.median(per) >= 0.95 and min(per) >= 0.9
+            out.append(f"{'PASS' if ok else 'FAIL'} {key}: median {statistics.median(per):.2f}x >= 0.95x, "
+                       f"each round >= 0.90x (min {min(per):.2f}x)")
+        if r["max_processes"] is not None:
+            procs = max(r["adaptive"]["processes"])
+            ok = procs <= r["max_processes"] and min(per) >= 0.9
+            out.append(f"{'PASS' if ok else 'FAIL'} {key}: at most {r['max_processes']} processes (used {procs}) at >= 0.9x")
+        conv = r["adaptive"]["converged_after_intervals"]
+        if not r["whole_run"]:
+            ok = all(c is not None and c <= 10 for c in conv)
+            out.append(f"{'PASS' if ok else 'FAIL'} {key}: settles within 10 control intervals ({conv})")
+    return out
+
+
+def main(quick: bool = False, repeats: int | None = None, duration: float | None = None, out: str | None = None,
+         only: str | None = None) -> dict:
+    """Run the scenarios (``only``: those whose key contains it); print the tables; write JSON to ``out``."""
+    repeats = repeats or (1 if quick else 3)
+    seconds = duration or (1.0 if quick else 2.0)
+    warm = 2.0 if quick else 3.0
+    chosen = [s for s in scenarios(quick) if only is None or only in s.key]
+    results: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    for s in chosen:
+        print(f"== {s.title}: {s.num_envs} envs, {'lock-step' if s.lockstep else 'first-finished'}, "
+              f"{len(static_grid(s.num_envs, s.waiting))} static settings x {repeats} rounds", flush=True)
+        results[s.key] = run_scenario(s, repeats, warm, seconds)
+        print("  " + sweep_table(results[s.key]), flush=True)
+        if out:
+            _write(out, results, t0)
+    print("\n" + table(results))
+    print("\n" + "\n".join(targets(results)))
+    print(f"\n{time.perf_counter() - t0:.0f} s in all")
     if out:
-        with open(f"{out}/controller.json", "w") as f:
-            json.dump(results, f, indent=1, default=str)
+        _write(out, results, t0)
     return results
+
+
+def _write(out: str, results: dict[str, Any], t0: float) -> None:
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"elapsed_s": time.perf_counter() - t0, "cpus": os.cpu_count(), "results": results}, f, indent=1, default=str)

@@ -1,0 +1,118 @@
+"""Parallelism configurations: where envs run, how many processes, how many threads per process.
+
+Pure functions over ``(num_envs, cpus)``; no clock, no I/O. Shared by the controller (which
+configurations it may propose) and the static-sweep benchmark (which it is judged against).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+THREAD_LADDER = (1, 2, 4, 8, 16, 32)
+"""Threads per worker the controller moves between (doubling: each rung is a measurable change)."""
+
+
+class Config(NamedTuple):
+    """One parallelism setting: ``placement`` ("process" or "inline"), processes, threads per process.
+
+    Inline means one in-process worker stepping every env in turn (processes 1, threads 1).
+
+    >>> Config("process", 4, 2).label
+    '4p x 2t'
+    >>> Config.inline().label
+    'inline'
+    """
+
+    placement: str
+    processes: int
+    threads: int
+
+    @classmethod
+    def inline(cls) -> Config:
+        return cls("inline", 1, 1)
+
+    @property
+    def label(self) -> str:
+        return "inline" if self.placement == "inline" else f"{self.processes}p x {self.threads}t"
+
+    @property
+    def concurrency(self) -> int:
+        """Env steps that may be in progress at once."""
+        return 1 if self.placement == "inline" else self.processes * self.threads
+
+
+def largest_shard(num_envs: int, processes: int) -> int:
+    """Envs on the busiest process when ``num_envs`` are split over ``processes`` (the lock-step critical path)."""
+    return -(-num_envs // max(1, processes))
+
+
+def balanced_counts(num_envs: int, upto: int | None = None) -> list[int]:
+    """Process counts whose shards are all the same size (divisors of ``num_envs``), ascending.
+
+    In lock-step a batch waits for the largest shard, so 20 workers for 24 envs perform like 12:
+    only these counts make every added process shorten the critical path.
+
+    >>> balanced_counts(24)
+    [1, 2, 3, 4, 6, 8, 12, 24]
+    >>> balanced_counts(64, upto=16)
+    [1, 2, 4, 8, 16]
+    """
+    hi = num_envs if upto is None else min(num_envs, upto)
+    return [p for p in range(1, hi + 1) if num_envs % p == 0]
+
+
+def efficient_counts(num_envs: int, upto: int | None = None) -> list[int]:
+    """For each possible largest shard, the fewest processes that reach it, ascending.
+
+    These are the process counts worth running in lock-step: any other count has the critical path
+    of a smaller one, with more processes (balanced counts are among them; 5 for 24 envs too).
+
+    >>> efficient_counts(24)
+    [1, 2, 3, 4, 5, 6, 8, 12, 24]
+    >>> efficient_counts(7)
+    [1, 2, 3, 4, 7]
+    """
+    hi = num_envs if upto is None else max(1, min(num_envs, upto))
+    out, last = [], None
+    for p in range(1, hi + 1):
+        shard = largest_shard(num_envs, p)
+        if shard != last:
+            out.append(p)
+            last = shard
+    return out
+
+
+def efficient_threads(shard: int, upto: int = THREAD_LADDER[-1]) -> list[int]:
+    """For each number of rounds a worker needs for its ``shard``, the fewest threads that reach it.
+
+    >>> efficient_threads(12)
+    [1, 2, 3, 4, 6, 12]
+    >>> efficient_threads(64, upto=32)[-3:]
+    [16, 22, 32]
+    """
+    out = sorted({-(-shard // r) for r in range(1, shard + 1)})
+    return [t for t in out if t <= upto] or [1]
+
+
+def useful_threads(num_envs: int, processes: int, upto: int = THREAD_LADDER[-1]) -> list[int]:
+    """Thread rungs that can all be busy on the largest shard (more threads than envs idle)."""
+    shard = largest_shard(num_envs, processes)
+    return [t for t in THREAD_LADDER if t <= min(shard, upto)]
+
+
+def static_grid(num_envs: int, waiting: bool, inline: bool = True, max_processes: int | None = None) -> list[Config]:
+    """The sweep the controller is judged against: balanced process counts (powers of two and ``num_envs``
+    itself, as far as they divide it) x threads {1, 2, 4, 8} where envs wait (threads only as many as
+    the largest shard), plus inline.
+
+    >>> [c.label for c in static_grid(8, waiting=False)]
+    ['inline', '1p x 1t', '2p x 1t', '4p x 1t', '8p x 1t']
+    >>> len(static_grid(64, waiting=True))
+    23
+    """
+    counts = [p for p in balanced_counts(num_envs, max_processes) if p & (p - 1) == 0 or p == num_envs]
+    out = [Config.inline()] if inline else []
+    for p in counts:
+        for t in useful_threads(num_envs, p, 8) if waiting else [1]:
+            out.append(Config("process", p, t))
+    return out

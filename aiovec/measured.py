@@ -1,0 +1,306 @@
+"""Controller v2: the model proposes, measurement decides.
+
+A configuration is ``(placement, processes, threads per process)``. Each control interval the
+controller records the measured steps/s of the configuration that ran, and:
+
+1. **Checks the last change.** After a move it measures the new configuration for ``confirm``
+   intervals (no single interval decides) and compares their median with what the configuration
+   it left measured just before, under the same env cost. Worse by more than ``revert``: it moves
+   back and remembers the loser for ``memory`` intervals, doubled at each repeated loss
+   (hysteresis), forgotten when the env's cost changes (decay: a changed env is re-explored).
+2. **Ranks the candidates.** Lock-step aware: only process counts that shorten the critical path
+   (:func:`~aiovec.configs.efficient_counts`) and thread counts that shorten a worker's rounds
+   (:func:`~aiovec.configs.efficient_threads`), plus the inline rung where allowed. A candidate
+   measured recently scores its measured median; one not measured scores the model's prediction
+   (:func:`~aiovec.costmodel.predict`) scaled by how far the model was off at the current one.
+   Near-ties (``prefer``) go to fewer processes, then fewer threads.
+3. **Moves** when the best candidate beats the current measurement by ``gain``; moves to
+   configurations never measured are probes, limited to ``probes`` per env regime.
+
+After the env's per-step cost changes (two intervals in a row at an unchanged configuration),
+the first move may only change threads (instant) and processes follow in later moves. Knobs the
+user fixed (``Measurement.fixed_workers``/``fixed_threads``) are never turned.
+
+Pure: no clock, no I/O. Feed it :class:`~aiovec.controller.Measurement` objects.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from .configs import Config, efficient_counts, efficient_threads, largest_shard
+from .controller import Decision, Measurement
+from .costmodel import Costs, costs_from, predict
+
+
+@dataclass
+class _Record:
+    """Measured steps/s of one configuration in the current env regime."""
+
+    samples: deque = field(default_factory=lambda: deque(maxlen=6))
+    seen: int = 0  # interval of the last sample
+    losses: int = 0  # times it measured worse than the configuration it replaced
+    banned_until: int = 0  # not proposed again before this interval
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else 0.0
+
+
+def config_of(m: Measurement) -> Config:
+    """The configuration an interval ran under."""
+    if m.placement == "inline":
+        return Config.inline()
+    return Config("process", m.num_workers, max(1, m.threads))
+
+
+def infer_costs(m: Measurement) -> Costs:
+    """One env step's CPU and waiting, and the parent's CPU per step, from an interval at any configuration.
+
+    ``cpu_per_step + blocked_per_step`` is the wall time of one env step as its thread saw it (the
+    control loop scales a command's wall time by the threads that shared it). With ``T`` threads
+    over a shard of ``s`` envs, a command lasts ``ceil(s / T)`` env steps when they wait, but ``s``
+    CPU times when they compute (one GIL); a command about as long as its CPU shows no waiting,
+    whatever the threads may hide.
+    """
+    cpu = m.cpu_per_step
+    step = cpu + m.blocked_per_step
+    if m.placement == "inline":
+        return costs_from(cpu, step, m.main_cpu_per_step, "inline")
+    shard = m.largest_shard or largest_shard(m.num_envs, max(1, m.num_workers))
+    t = max(1, min(m.threads, shard))
+    if t > 1:
+        command = step * shard / t
+        if command <= 1.15 * shard * cpu:
+            step = cpu  # GIL-bound: no waiting to overlap
+        else:
+            step = command / math.ceil(shard / t)
+    return costs_from(cpu, step, m.main_cpu_per_step, "process")
+
+
+class MeasuredController:
+    """Processes, threads per process and the inline rung, chosen by measured throughput (see module doc).
+
+    >>> ctrl = aiovec.MeasuredController()
+    >>> m = aiovec.Measurement(interval_s=1.0, num_workers=2, num_envs=64, steps=400, cpu_per_step=20e-6,
+    ...                        blocked_per_step=5e-3, runq_per_step=0.0, main_cpu_per_step=20e-6, demand=1.0, cpus=2)
+    >>> first, second = ctrl.decide(m), ctrl.decide(m)   # no single interval decides
+    >>> first.reason
+    'measuring 2p x 1t: 400 steps/s (1/2)'
+    >>> (second.target, second.threads)   # 64 waiting envs: two processes, a thread per env
+    (2, 32)
+    """
+
+    def __init__(
+        self,
+        min_workers: int = 1,
+        max_workers: int | None = None,
+        max_threads: int = 32,
+        min_demand: float = 0.5,
+        confirm: int = 2,
+        gain: float = 0.05,
+        revert: float = 0.04,
+        prefer: float = 0.03,
+        memory: int = 80,
+        probes: int = 4,
+        explore: float = 0.08,
+        max_settling_skips: int = 4,
+        cost_change: float = 1.5,
+    ) -> None:
+        if min_workers < 1 or (max_workers is not None and max_workers < min_workers):
+            raise ValueError(f"need 1 <= min_workers <= max_workers, got {min_workers}, {max_workers}")
+        self.min_workers, self.max_workers, self.max_threads = min_workers, max_workers, max_threads
+        self.min_demand, self.confirm, self.gain, self.revert, self.prefer = min_demand, confirm, gain, revert, prefer
+        self.memory, self.probes, self.max_settling_skips, self.cost_change = memory, probes, max_settling_skips, cost_change
+        self.explore = explore  # bonus of an unmeasured neighbour where envs wait: measured, not only predicted
+        self.records: dict[Config, _Record] = {}
+        self.costs: Costs | None = None  # smoothed, at the current configuration
+        self._i = 0
+        self._skips = 0
+        self._here: Config | None = None  # configuration of the last measured interval
+        self._visit: list[float] = []  # steps/s since arriving at it
+        self._drop_first = False
+        self._base: tuple[Config, float] | None = None  # what the last move left, and its measured steps/s
+        self._jumps = 0
+        self._probes_left = probes
+        self._threads_first = False
+        self._explored_processes = False
+        self.regime_changes = 0
+
+    # -- the decision ---------------------------------------------------------------------
+    def decide(self, m: Measurement) -> Decision:
+        """The configuration for the next interval, with the reason."""
+        cur = config_of(m)
+        if m.steps == 0 or m.demand < self.min_demand:
+            return self._hold(cur, f"skipped: caller asked for steps only {m.demand:.0%} of the interval", measured=False)
+        if m.settling and self._skips < self.max_settling_skips:
+            self._skips += 1
+            return self._hold(cur, "skipped: workers starting or envs moving", measured=False)
+        self._skips = 0
+        self._i += 1
+        if self._i % self.memory == 0:
+            self._probes_left = max(self._probes_left, 1)  # decay: one more look around now and then
+        x, costs = m.throughput, infer_costs(m)
+        regime = self._track(cur, x, costs)
+        if self._drop_first:  # the first interval after processes changed: new workers warm up
+            self._drop_first = False
+            return self._hold(cur, f"{regime}warming up {cur.label}: {x:,.0f} steps/s not counted")
+        self._visit.append(x)
+        rec = self.records.setdefault(cur, _Record())
+        rec.samples.append(x)
+        rec.seen = self._i
+        if len(self._visit) < self.confirm:
+            return self._hold(cur, f"{regime}measuring {cur.label}: {x:,.0f} steps/s ({len(self._visit)}/{self.confirm})")
+        here = statistics.median(self._visit[-6:])
+        if self._base is not None:
+            base, before = self._base
+            self._base = None
+            # A change to more processes or threads must pay for itself; one to fewer must only not cost.
+            floor = before * (1 + self.prefer) if _resources(cur) > _resources(base) else before * (1 - self.revert)
+            if here < floor and base in self._allowed(m):
+                rec.losses += 1
+                rec.banned_until = self._i + self.memory * 2 ** (rec.losses - 1)
+                rec.samples.clear()
+                rec.samples.append(here)
+                d = self._move(cur, base, m, f"revert: {cur.label} measured {here:,.0f} steps/s, "
+                                              f"{base.label} {before:,.0f} before it")
+                self._base = None  # going back is not itself on trial
+                return d
+        return self._choose(cur, here, costs, m, regime)
+
+    def _track(self, cur: Config, x: float, costs: Costs) -> str:
+        """Follow the env's cost at an unchanged configuration; a jump held two intervals is a new regime."""
+        if cur != self._here:
+            self._here, self._visit, self.costs, self._jumps = cur, [], costs, 0
+            return ""
+        old = self.costs
+        assert old is not None
+        if _changed(old, costs, self.cost_change):
+            self._jumps += 1
+        else:
+            self._jumps = 0
+        if self._jumps >= 2:
+            self.records.clear()
+            self.costs, self._jumps, self._base, self._visit = costs, 0, None, []
+            self._probes_left, self._threads_first, self._explored_processes = self.probes, True, False
+            self.regime_changes += 1
+            return (f"env cost changed (CPU {1e3 * old.cpu_s:.2f} -> {1e3 * costs.cpu_s:.2f} ms, "
+                    f"waiting {1e3 * old.wait_s:.2f} -> {1e3 * costs.wait_s:.2f} ms per step); ")
+        if not self._jumps:
+            self.costs = Costs(*(0.5 * a + 0.5 * b for a, b in zip((old.cpu_s, old.wait_s, old.main_s),
+                                                                  (costs.cpu_s, costs.wait_s, costs.main_s), strict=True)))
+        return ""
+
+    def _choose(self, cur: Config, here: float, costs: Costs, m: Measurement, regime: str) -> Decision:
+        model = self.costs or costs
+        lockstep = m.lockstep is not False
+        cal = here / max(predict(cur, model, m.num_envs, m.cpus, lockstep), 1e-9)
+        allowed = self._allowed(m)
+        if self._threads_first:
+            self._threads_first = False
+            same = [c for c in allowed if c.placement == cur.placement and c.processes == cur.processes]
+            pick = self._best(same, cur, here, model, cal, m, lockstep)
+            if pick is not None:
+                return pick
+        pick = self._best(allowed, cur, here, model, cal, m, lockstep)
+        if pick is not None:
+            return pick
+        return self._hold(cur, f"{regime}hold {cur.label}: {here:,.0f} steps/s measured; model x{cal:.2f} "
+                               f"(CPU {1e3 * model.cpu_s:.2f} ms, waiting {1e3 * model.wait_s:.2f} ms per step)")
+
+    def _best(self, cands: list[Config], cur: Config, here: float, costs: Costs, cal: float, m: Measurement,
+              lockstep: bool) -> Decision | None:
+        scored = []
+        explore = _neighbours(cur, cands) if costs.waiting_share > 0.3 else set()
+        if self._explored_processes:  # process moves cost episodes of mixed placement: one look per regime
+            explore = {c for c in explore if c.processes == cur.processes}
+        for c in cands:
+            rec = self.records.get(c)
+            if rec is not None and rec.banned_until > self._i and c != cur:
+                continue
+            fresh = rec is not None and rec.samples and self._i - rec.seen <= self.memory
+            if c == cur:
+                scored.append((here, True, c))
+            elif fresh:
+                scored.append((rec.median, True, c))  # type: ignore[union-attr]
+            elif self._probes_left > 0:
+                bonus = 1 + self.explore if c in explore else 1.0
+                scored.append((bonus * cal * predict(c, costs, m.num_envs, m.cpus, lockstep), False, c))
+        if not scored:
+            return None
+        top = max(s for s, _, _ in scored)
+        near = [t for t in scored if t[0] >= top * (1 - self.prefer)]
+        score, measured, best = min(near, key=lambda t: (_resources(t[2]), -t[0]))
+        if best == cur:
+            return None
+        need = here * (1 + self.gain) if _resources(best) >= _resources(cur) else here * (1 - self.prefer)
+        if score < need:
+            return None
+        if not measured:
+            self._probes_left -= 1
+            self._explored_processes |= best.processes != cur.processes
+        kind = "measured" if measured else "model"
+        return self._move(cur, best, m, f"{best.label}: {kind} {score:,.0f} steps/s vs {here:,.0f} at {cur.label}")
+
+    # -- helpers --------------------------------------------------------------------------
+    def _allowed(self, m: Measurement) -> list[Config]:
+        """Candidate configurations for this vector env (lock-step efficient, within the user's bounds)."""
+        n = m.num_envs
+        hi = min(self.max_workers or n, n)
+        if m.fixed_workers:
+            counts = [m.num_workers]
+        else:
+            counts = [p for p in efficient_counts(n, hi) if p >= self.min_workers] or [self.min_workers]
+        out = [Config.inline()] if m.inline_ok and not m.fixed_workers and not m.fixed_threads else []
+        for p in counts:
+            threads = [max(1, m.threads)] if m.fixed_threads else efficient_threads(largest_shard(n, p), self.max_threads)
+            out.extend(Config("process", p, t) for t in threads)
+        return out
+
+    def _move(self, cur: Config, to: Config, m: Measurement, why: str) -> Decision:
+        self._base = (cur, statistics.median(self._visit[-6:])) if self._visit else None
+        self._drop_first = to.processes != cur.processes or to.placement != cur.placement
+        return Decision(to.processes, f"move to {why}", threads=to.threads, placement=to.placement)
+
+    def _hold(self, cur: Config, why: str, measured: bool = True) -> Decision:
+        return Decision(cur.processes, why, measured=measured, threads=cur.threads, placement=cur.placement)
+
+
+def _neighbours(cur: Config, cands: list[Config]) -> set[Config]:
+    """The next process counts up and down with about the same concurrency, and the next threads up and down.
+
+    Where envs wait, processes and threads trade against each other in ways the model cannot
+    see (GIL hand-overs, wake-ups): these are measured rather than predicted.
+    """
+    if cur.placement != "process":
+        return set()
+    procs = sorted({c.processes for c in cands if c.placement == "process"})
+    out: set[Config] = set()
+    same = sorted(c.threads for c in cands if c.placement == "process" and c.processes == cur.processes)
+    k = same.index(cur.threads) if cur.threads in same else -1
+    if k >= 0:
+        out.update(Config("process", cur.processes, t) for t in same[max(0, k - 1): k + 2] if t != cur.threads)
+    i = procs.index(cur.processes) if cur.processes in procs else -1
+    for p in (procs[i - 1] if i > 0 else None, procs[i + 1] if 0 <= i < len(procs) - 1 else None):
+        if p is None:
+            continue
+        ts = sorted(c.threads for c in cands if c.placement == "process" and c.processes == p)
+        want = cur.processes * cur.threads / p
+        out.add(Config("process", p, min(ts, key=lambda t: (abs(t - want), t))))
+    return out
+
+
+def _resources(c: Config) -> tuple[int, int]:
+    """What a configuration costs the machine: processes first (memory, start-up), then threads; inline least."""
+    return (0, 0) if c.placement == "inline" else (c.processes, c.threads)
+
+
+def _changed(a: Costs, b: Costs, factor: float) -> bool:
+    """Whether per-step cost moved by more than ``factor`` (and more than noise: 20 us) in CPU or in total."""
+    def moved(x: float, y: float) -> bool:
+        return abs(x - y) > 20e-6 and max(x, y) > factor * max(min(x, y), 1e-9)
+
+    return moved(a.cpu_s, b.cpu_s) or moved(a.cpu_s + a.wait_s, b.cpu_s + b.wait_s)
