@@ -1,0 +1,159 @@
+"""Controller v2 (MeasuredController): deterministic traces on a simulated machine, and real workers.
+
+The traces pin down the rules: lock-step efficient configurations only, threads for waiting envs,
+a change that measured worse is reverted and not retried at once, threads move first after a
+change of cost, fixed knobs stay fixed, one noisy interval moves nothing, v1 controllers and
+measurements keep working. The real-worker test compares throughputs measured in the same test
+(ratios and counts, never seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from conftest import assert_clean
+
+import aiovec
+from aiovec import Decision, MeasuredController, Measurement
+from aiovec.configs import Config, efficient_counts
+from aiovec.costmodel import Costs, predict
+from aiovec.measured import config_of
+
+
+def interval(c: Config, n: int, t_cpu: float, t_wait: float, rate: float | None = None, cpus: float = 2, **extra) -> Measurement:
+    """What the control loop would report for one second at configuration ``c`` (throughput from the model unless given)."""
+    x = rate if rate is not None else predict(c, Costs(t_cpu, t_wait, 20e-6), n, cpus)
+    return Measurement(1.0, c.processes, n, int(x), t_cpu, t_wait, 0.0, 20e-6, 1.0, cpus,
+                       threads=c.threads, placement=c.placement, lockstep=True, **extra)
+
+
+def follow(ctrl: MeasuredController, c: Config, steps: int, truth: Callable[[Config], float] | None = None, **env) -> list[Config]:
+    """Feed ``steps`` intervals, applying each decision; ``truth`` gives the steps/s a configuration really achieves."""
+    trace = []
+    for _ in range(steps):
+        d = ctrl.decide(interval(c, rate=truth(c) if truth else None, **env))
+        c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+        trace.append(c)
+    return trace
+
+
+def test_waiting_envs_get_threads_not_processes_and_settle_within_ten_intervals() -> None:
+    env = {"n": 64, "t_cpu": 20e-6, "t_wait": 5e-3}
+    trace = follow(MeasuredController(), Config("process", 2, 1), 20, **env)
+    final = trace[-1]
+    assert final.processes <= 64 // 4 and final.concurrency >= 64, trace
+    assert all(c == final for c in trace[9:]), [c.label for c in trace]
+
+
+def test_cpu_bound_envs_get_one_process_per_core() -> None:
+    trace = follow(MeasuredController(), Config("process", 8, 1), 12, n=8, t_cpu=1e-3, t_wait=0.0)
+    assert trace[-1] == Config("process", 2, 1), [c.label for c in trace]
+
+
+def test_lock_step_moves_only_between_efficient_process_counts() -> None:
+    allowed = set(efficient_counts(24))
+    for t_wait in (0.0, 3e-3, 20e-3):
+        trace = follow(MeasuredController(), Config("process", 2, 1), 25, n=24, t_cpu=1e-3, t_wait=t_wait)
+        assert {c.processes for c in trace} <= allowed
+        assert 20 not in {c.processes for c in trace}
+
+
+def test_a_change_that_measured_worse_is_reverted_and_not_retried_at_once() -> None:
+    # The model likes 3 processes for CPU-bound envs on 2 cores as much as 2; here they really cost 30%.
+    def truth(c: Config) -> float:
+        base = predict(c, Costs(1e-3, 0.0, 20e-6), 12, 2)
+        return base * (0.7 if c.processes > 2 else 1.0)
+
+    ctrl = MeasuredController(prefer=0.0, gain=-0.01)  # eager: it will try a costlier near-tie
+    trace = follow(ctrl, Config("process", 2, 1), 30, truth=truth, n=12, t_cpu=1e-3, t_wait=0.0)
+    labels = [c.label for c in trace]
+    assert trace[-1].processes == 2, labels
+    reverted = [i for i in range(1, len(trace)) if trace[i - 1].processes > 2 and trace[i].processes == 2]
+    assert len(reverted) <= 2, labels  # each loser banned for a while, not retried every interval
+    assert sum(c.processes > 2 for c in trace[15:]) == 0, labels
+
+
+def test_one_noisy_interval_moves_nothing() -> None:
+    ctrl = MeasuredController()
+    env = {"n": 8, "t_cpu": 1e-3, "t_wait": 0.0}
+    c = follow(ctrl, Config("process", 2, 1), 10, **env)[-1]
+    good = predict(c, Costs(1e-3, 0.0, 20e-6), 8, 2)
+    d = ctrl.decide(interval(c, rate=0.4 * good, **env))  # host noise: one bad interval
+    assert config_of(interval(c, **env)) == Config("process", d.target, d.threads or 1)
+    assert d.target == c.processes and d.threads == c.threads
+
+
+def test_after_a_change_of_cost_threads_move_first_and_it_readapts_within_six_intervals() -> None:
+    ctrl = MeasuredController()
+    c = follow(ctrl, Config("process", 2, 1), 15, n=24, t_cpu=1e-3, t_wait=0.0)[-1]
+    assert c == Config("process", 2, 1)
+    after = follow(ctrl, c, 12, n=24, t_cpu=30e-6, t_wait=3e-3)  # the envs start waiting
+    changed = [x for x in after if x != c]
+    assert changed and changed[0].processes == c.processes and changed[0].threads > 1, [x.label for x in after]
+    best = predict(after[-1], Costs(30e-6, 3e-3, 20e-6), 24, 2)
+    assert predict(after[5], Costs(30e-6, 3e-3, 20e-6), 24, 2) >= 0.9 * best, [x.label for x in after]
+
+
+def test_fixed_knobs_stay_fixed() -> None:
+    ctrl = MeasuredController()
+    trace = follow(ctrl, Config("process", 3, 1), 12, n=24, t_cpu=30e-6, t_wait=3e-3, fixed_workers=True)
+    assert {c.processes for c in trace} == {3} and trace[-1].threads > 1
+    ctrl = MeasuredController()
+    trace = follow(ctrl, Config("process", 2, 4), 12, n=24, t_cpu=30e-6, t_wait=3e-3, fixed_threads=True)
+    assert {c.threads for c in trace} == {4}
+
+
+def test_cheap_envs_may_move_inline_when_allowed() -> None:
+    trace = follow(MeasuredController(), Config("process", 2, 1), 12, n=16, t_cpu=10e-6, t_wait=0.0, inline_ok=True)
+    assert trace[-1].placement == "inline"
+    trace = follow(MeasuredController(), Config("process", 2, 1), 12, n=16, t_cpu=10e-6, t_wait=0.0)
+    assert all(c.placement == "process" for c in trace)
+
+
+def test_v1_measurements_and_decisions_keep_working() -> None:
+    m = Measurement(1.0, 2, 16, 1800, 1e-3, 0.0, 1e-4, 5e-5, 1.0, 2)  # positional, as v1 callers build it
+    assert m.threads == 1 and m.placement == "process" and m.lockstep is None
+    assert Decision(3, "mine").threads is None and Decision(3, "mine").placement is None
+    d = MeasuredController().decide(m)
+    assert d.target >= 1 and d.reason
+    assert aiovec.AdaptiveController().decide(m).threads is None  # v1 controller unchanged
+
+
+# -- real workers, envs of known cost (ratios and counts, never seconds) ----------------------------
+async def _rate(venv: aiovec.AsyncVecEnv, seconds: float) -> float:
+    acts = np.zeros(venv.num_envs, dtype=np.int64)
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        await asyncio.wait_for(venv.step(acts), 30)
+        steps += venv.num_envs
+    return steps / (time.perf_counter() - t0)
+
+
+@pytest.mark.slow
+def test_real_waiting_envs_auto_uses_threads_and_matches_a_process_per_env(clean) -> None:
+    """24 envs waiting 3 ms a step, lock-step: a process per env is the v1 answer; auto must do about as well
+    with at most a quarter as many processes (threads inside them), measured in the same test."""
+    kw = {"wait_ms": 3.0, "episode_len": 20}
+
+    async def main() -> tuple[float, float, int, list[dict]]:
+        async with aiovec.make("aiovec/Sleep-v0", 24, num_workers=24, env_kwargs=kw) as venv:
+            await venv.reset(seed=0)
+            await _rate(venv, 0.5)
+            static = await _rate(venv, 2.0)
+        async with aiovec.make("aiovec/Sleep-v0", 24, env_kwargs=kw) as venv:
+            assert isinstance(venv.controller, MeasuredController)
+            await venv.reset(seed=0)
+            await _rate(venv, 3.0)  # settle
+            auto = await _rate(venv, 2.0)
+            return static, auto, venv._pool.num_processes, list(venv.control_history)
+
+    static, auto, procs, hist = aiovec.run(main())
+    trace = [h["config"] for h in hist]
+    assert procs <= 6, trace
+    assert auto >= 0.8 * static, f"auto {auto:.0f} vs 24 processes {static:.0f} steps/s; {trace}"
+    assert all(h["lockstep"] in (True, None) for h in hist if h["measured"]), [h["lockstep"] for h in hist]
+    assert_clean(clean)
