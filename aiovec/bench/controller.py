@@ -121,15 +121,25 @@ def _ratio_span(values: list[float]) -> str:
 
 
 def converged_at(history: list[dict], start: int = 0) -> int | None:
-    """Control intervals from ``start`` until the configuration stops changing for good (None: it never settles)."""
-    labels = [h.get("config") for h in history[start:]]
+    """Control intervals from ``start`` until the configuration stops changing for good (None: no history).
+
+    A probe that was reverted (a move, then ``revert:``) counts as holding the configuration it left:
+    it is the measurement at work, not a failure to settle.
+    """
+    hist = history[start:]
+    labels = [h.get("config") for h in hist]
     if not labels:
         return None
+    for i, h in enumerate(hist):
+        if str(h.get("reason", "")).startswith("move to revert"):
+            j = max((k for k in range(i) if str(hist[k].get("reason", "")).startswith("move to")), default=None)
+            if j is not None:
+                labels[j + 1: i + 1] = [labels[j]] * (i - j)
     last = labels[-1]
     k = len(labels)
     while k > 0 and labels[k - 1] == last:
         k -= 1
-    return k + 1 if k < len(labels) else None
+    return k + 1 if k else 1
 
 
 def run_scenario(s: Scenario, repeats: int, warm: float, seconds: float, log: Any = print) -> dict[str, Any]:
