@@ -160,6 +160,8 @@ class MeasuredController:
             self._base = None
             # A change to more processes or threads must pay for itself; one to fewer must only not cost.
             floor = before * (1 + self.prefer) if _resources(cur) > _resources(base) else before * (1 - self.revert)
+            if here >= floor and _resources(cur) > _resources(base):
+                self._explored_processes = False  # a costlier move paid for itself: keep climbing
             if here < floor and base in self._allowed(m):
                 rec.losses += 1
                 rec.banned_until = self._i + self.memory * 2 ** (rec.losses - 1)
@@ -214,7 +216,10 @@ class MeasuredController:
     def _best(self, cands: list[Config], cur: Config, here: float, costs: Costs, cal: float, m: Measurement,
               lockstep: bool) -> Decision | None:
         scored = []
-        explore = _neighbours(cur, cands) if costs.waiting_share > 0.3 else set()
+        # Where envs wait, or results are taken first-finished (stragglers), the model is least sure: measure neighbours.
+        # The model far off (stragglers, a busy host) counts as unsure too.
+        unsure = costs.waiting_share > 0.3 or m.lockstep is False or not 0.7 <= cal <= 1.4
+        explore = _neighbours(cur, cands) if unsure else set()
         if self._explored_processes:  # process moves cost episodes of mixed placement: one look per regime
             explore = {c for c in explore if c.processes == cur.processes}
         for c in cands:
@@ -253,7 +258,8 @@ class MeasuredController:
         if m.fixed_workers:
             counts = [m.num_workers]
         else:
-            counts = [p for p in efficient_counts(n, hi) if p >= self.min_workers] or [self.min_workers]
+            every = range(1, hi + 1) if m.lockstep is False else efficient_counts(n, hi)  # first-finished: no critical path
+            counts = [p for p in every if p >= self.min_workers] or [self.min_workers]
         out = [Config.inline()] if m.inline_ok and not m.fixed_workers and not m.fixed_threads else []
         for p in counts:
             threads = [max(1, m.threads)] if m.fixed_threads else efficient_threads(largest_shard(n, p), self.max_threads)
