@@ -94,9 +94,11 @@ def spin_for(num_workers: int, cpus: int) -> float:
     return SPIN_S if num_workers < cpus else 0.0
 
 
-ROUND_TRIP_S = 80e-6
-"""What one command to a worker process costs the batch beyond the env work: the wake-up of a
-sleeping worker, the parent's send and receive (measured here: 20-120 us, depending on spin)."""
+ROUND_TRIP_S = 200e-6
+"""What stepping a batch in worker processes costs beyond the env work: waking the workers, the
+parent's sends and receives, its bookkeeping. Measured on 2 CPUs (bench v2, same run): ~65 us for one
+spinning worker (8 CartPoles: 111 vs 61 us a batch inline), 300-470 us for two (64 CartPoles: 457 us a
+batch for 2 x 160 us of env work; 8 HalfCheetahs: 593 us for 2 x 124 us, where inline ran 282 us)."""
 
 INLINE_MAX_BUILD_S = 0.05
 """Envs slower to build than this are never placed inline (a heavy simulator earns its isolation)."""
