@@ -7,10 +7,9 @@ limit = envs / step time.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
+from aiovec.autoconf import probe_step_cost
 from aiovec.machine import available_cpus
 
 from .peers import make_env
@@ -27,25 +26,18 @@ class StepTime:
 
 
 def step_time(env_id: str, kwargs: dict, max_steps: int = 400, max_s: float = 0.4) -> StepTime:
-    """Median step time of one env in this process, random actions, for up to ``max_steps``/``max_s``."""
+    """Median step time of one env in this process, random actions, for up to ``max_steps``/``max_s``.
+
+    The same probe as ``num_workers="auto"`` uses (:func:`aiovec.autoconf.probe_step_cost`), run longer.
+    """
     env = make_env(env_id, **kwargs)
     try:
-        env.reset(seed=0)
-        env.action_space.seed(0)
-        walls: list[float] = []
-        cpus: list[float] = []
-        end = time.perf_counter() + max_s
-        while len(walls) < max_steps and time.perf_counter() < end:
-            action = env.action_space.sample()
-            c0, w0 = time.thread_time(), time.perf_counter()
-            _, _, term, trunc, _ = env.step(action)
-            walls.append(time.perf_counter() - w0)
-            cpus.append(time.thread_time() - c0)
-            if term or trunc:
-                env.reset()
-        return StepTime(statistics.median(walls), statistics.median(cpus))
+        cost = probe_step_cost(env, max_steps=max_steps, max_s=max_s)
     finally:
         env.close()
+    if cost is None:
+        raise RuntimeError(f"{env_id} could not be stepped to measure its step time")
+    return StepTime(cost.wall_s, cost.cpu_s)
 
 
 def limit(n: int, t: StepTime, cpus: int | None = None) -> tuple[float, str]:
