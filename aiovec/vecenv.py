@@ -460,7 +460,7 @@ class AsyncVecEnv:
         if self._closed:
             return
         self._closed = True
-        self._wake()
+        self._notify()
         if self._control_task is not None:
             self._control_task.cancel()
             await asyncio.gather(self._control_task, return_exceptions=True)
@@ -864,19 +864,17 @@ class AsyncVecEnv:
     def _on_step_reply(self, wid: int, reply: Any, error: BaseException | None) -> None:
         if error is not None:
             return  # the worker died; _on_worker_lost / _on_worker_restarted account for its envs
-        v = self._views
-        failed = self._table.step_done(reply.env_ids, v.terminations, v.truncations, reply.payload, reply.errors)
-        if failed:
-            self._errors.extend(EnvError(*e) for e in reply.errors)
-        pool = self._pool
-        if pool is not None and pool.pending_moves:
-            pool.try_moves()
-        self._notify()
+        self._stepped(reply.env_ids, reply.payload, reply.errors)
 
     def _on_clean_step(self, ids: np.ndarray) -> None:
-        """The hot path of ``_on_step_reply``: a worker stepped ``ids`` without infos or errors."""
+        """The hot path: a worker stepped ``ids`` without infos or errors (no reply object was built)."""
+        self._stepped(ids, None, None)
+
+    def _stepped(self, ids: np.ndarray, infos: Any, errors: list | None) -> None:
+        """A worker finished stepping ``ids``: into the table, then the moves and waiters it may free."""
         v = self._views
-        self._table.step_done(ids, v.terminations, v.truncations, None, None)
+        if self._table.step_done(ids, v.terminations, v.truncations, infos, errors):
+            self._errors.extend(EnvError(*e) for e in errors)  # type: ignore[union-attr]
         pool = self._pool
         if pool is not None and pool.pending_moves:
             pool.try_moves()
@@ -955,7 +953,6 @@ class AsyncVecEnv:
                 fut.set_result(None)
         self._waiters = keep
 
-    _wake = _notify
 
     def _require(self, ids: Any, allowed: tuple[int, ...], what: str) -> None:
         """The table's check; a lost env raises its worker's crash, reported then and not again by recv."""

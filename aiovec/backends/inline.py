@@ -73,13 +73,8 @@ class InlineWorker(WorkerHandle):
                 c0, t0 = host._cpu_clock(), time.perf_counter()
                 infos, errors = host.step(shard)
                 wall = time.perf_counter() - t0
-                if shard:
-                    cost = wall / len(shard)
-                    self._per_env_s = cost if cost > self._per_env_s else 0.9 * self._per_env_s + 0.1 * cost
-                if infos is None and errors is None:
-                    self.on_step_timing(host._cpu_clock() - c0, wall)
-                else:
-                    self._reply(P.Reply(P.STEP, None, infos, errors, P.Timing(host._cpu_clock() - c0, wall)))
+                self._learn_cost(wall, len(shard))
+                self._deliver_step(msg, shard, infos, errors, host._cpu_clock() - c0, wall)
                 return
             self._queue.append(msg)
             self._run()
@@ -127,8 +122,7 @@ class InlineWorker(WorkerHandle):
             room = deadline - t0
             m = n - k if self._per_env_s * (n - k) <= room else max(1, int(room / self._per_env_s))
             infos, errors = host.step(ids[k : k + m])
-            cost = (clock() - t0) / m  # rises at once, falls slowly: a slice overruns at most once
-            self._per_env_s = cost if cost > self._per_env_s else 0.9 * self._per_env_s + 0.1 * cost
+            self._learn_cost(clock() - t0, m)
             if errors:
                 st[3] = [*(st[3] or ()), *errors]
             if infos:
@@ -140,15 +134,26 @@ class InlineWorker(WorkerHandle):
                 st[1] = k
                 return False
         self._step = None
-        timing = P.Timing(host._cpu_clock() - st[4], clock() - st[5])
-        if isinstance(msg, bytes) and st[2] is None and st[3] is None:
-            if self.on_step_timing is not None and not self._exited:
-                self.on_step_timing(timing.cpu_s, timing.wall_s)
-            else:
-                self._reply(timing)  # what a process worker's fast reply decodes to
-        else:
-            self._reply(P.Reply(P.STEP, None if isinstance(msg, bytes) else tuple(ids), st[2], st[3], timing))
+        self._deliver_step(msg, ids, st[2], st[3], host._cpu_clock() - st[4], clock() - st[5])
         return True
+
+    def _learn_cost(self, wall_s: float, num_envs: int) -> None:
+        """Fold a measured step of ``num_envs`` envs into the cost per env that sizes the chunks.
+
+        It rises at once and falls slowly, so a slice overruns its budget at most once."""
+        if num_envs:
+            cost = wall_s / num_envs
+            self._per_env_s = cost if cost > self._per_env_s else 0.9 * self._per_env_s + 0.1 * cost
+
+    def _deliver_step(self, msg: Any, ids: list, infos: list | None, errors: list | None, cpu_s: float, wall_s: float) -> None:
+        """Hand a finished step to the pool as a process worker would: the fast path for a clean STEP_SHARD."""
+        if isinstance(msg, bytes) and infos is None and errors is None:
+            if self.on_step_timing is not None and not self._exited:
+                self.on_step_timing(cpu_s, wall_s)
+            else:
+                self._reply(P.Timing(cpu_s, wall_s))  # what a process worker's fast reply decodes to
+        else:
+            self._reply(P.Reply(P.STEP, None if isinstance(msg, bytes) else tuple(ids), infos, errors, P.Timing(cpu_s, wall_s)))
 
     def _run_in_thread(self, msg: Any) -> None:
         self._busy = True
