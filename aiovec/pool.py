@@ -135,11 +135,6 @@ class WorkerPool:
         self._stopping: list[asyncio.Task] = []
         self.moves = 0
 
-    @property
-    def location(self) -> list[int | None]:
-        """Env -> hosting worker id (None while it moves or after its worker was lost)."""
-        return [None if w < 0 else int(w) for w in self.loc.tolist()]
-
     # -- start / stop -------------------------------------------------------------------
     async def start(self, num_workers: int, kind: str = "process") -> None:
         """Start ``num_workers`` workers of ``kind`` and place every env on one of them."""
