@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .errors import EnvStateError, WorkerCrashedError
-from .protocol import info_rows
+from .protocol import InfoRecords
 
 
 class EnvState(IntEnum):
@@ -69,7 +69,8 @@ class EnvTable:
     - ``in_flight`` equals the number of STEPPING envs;
     - ``num_ready`` equals the number of READY envs, and each has an arrival number already handed out;
     - only IDLE or READY envs carry the ``restarted`` flag;
-    - every LOST env has the error that lost it; an env with a pending info is READY.
+    - every LOST env has the error that lost it;
+    - an env with a pending info is READY and has exactly one (a dict or a row of one block).
     """
 
     def __init__(self, num_envs: int, *, debug: bool | None = None) -> None:
@@ -80,6 +81,7 @@ class EnvTable:
         self.arrival = np.zeros(n, dtype=np.int64)  # order in which READY envs finished
         self._next_arrival = 0
         self.infos: dict[int, dict] = {}  # READY env -> its non-empty info
+        self.info_blocks: list[InfoBlock] = []  # READY envs' infos that arrived as records
         self.lost: dict[int, WorkerCrashedError] = {}
         self.in_flight = 0
         self.num_ready = 0
@@ -176,7 +178,12 @@ class EnvTable:
                 self.check()
             return []
         failed: list[int] = []
-        infos = info_rows(infos)
+        if type(infos) is InfoRecords:
+            if errors:  # a worker packs records only when every env returned an info, so never in fact
+                infos = infos.as_dicts()
+            else:
+                self.info_blocks.append(InfoBlock(np.array(ids, dtype=np.int64), infos))
+                infos = None
         if errors:
             failed = [e[0] for e in errors]
             self.state[failed] = BROKEN
@@ -198,10 +205,12 @@ class EnvTable:
             self.check()
         return failed
 
-    def collect(self, ids: Any) -> list[tuple[int, dict]]:
+    def collect(self, ids: Any) -> tuple[list[tuple[int, dict]], list[tuple[np.ndarray, InfoRecords, np.ndarray | None]]]:
         """READY -> IDLE for ``ids`` (LOST for envs whose worker died meanwhile).
 
-        Returns ``(row, info)`` for the rows that carry an info, rows counted within ``ids``.
+        Returns their infos, rows counted within ``ids``: ``(row, info)`` for each dict, and
+        ``(rows, records, selected)`` for each block of records (``selected``: which of the
+        block's rows, None for all), ready for :func:`aiovec.infos.batch_infos`.
         """
         rows: list[tuple[int, dict]] = []
         if self.infos:
@@ -210,6 +219,7 @@ class EnvTable:
                 info = pop(i, None)
                 if info is not None:
                     rows.append((k, info))
+        parts = self._collect_blocks(ids) if self.info_blocks else []
         if isinstance(ids, slice):
             self.state.fill(IDLE)
             self.num_ready -= self.num_envs
@@ -225,7 +235,30 @@ class EnvTable:
                         self.num_restarted -= 1
         if self.debug:
             self.check()
-        return rows
+        return rows, parts
+
+    def _collect_blocks(self, ids: Any) -> list[tuple[np.ndarray, InfoRecords, np.ndarray | None]]:
+        parts, keep = [], []
+        if isinstance(ids, slice):  # every env, in env order: an env's row is its id
+            for block in self.info_blocks:
+                parts.append((block.ids if block.pending is None else block.ids[block.pending], block.records, block.pending))
+            self.info_blocks = []
+            return parts
+        row_of = np.full(self.num_envs, -1, dtype=np.int64)
+        row_of[ids] = np.arange(len(ids))
+        for block in self.info_blocks:
+            rows = row_of[block.ids]
+            taken = rows >= 0 if block.pending is None else (rows >= 0) & block.pending
+            count = np.count_nonzero(taken)
+            if count == len(rows):
+                parts.append((rows, block.records, None))
+                continue
+            if count:
+                parts.append((rows[taken], block.records, taken))
+                block.pending = taken ^ (block.pending if block.pending is not None else True)
+            keep.append(block)
+        self.info_blocks = keep
+        return parts
 
     def begin_reset(self, ids: np.ndarray) -> None:
         """IDLE/BROKEN -> RESETTING (checked by the caller); a reset clears the restarted flag."""
@@ -316,8 +349,24 @@ class EnvTable:
         assert self.num_restarted == len(flagged), f"num_restarted={self.num_restarted} but {len(flagged)} flagged"
         assert np.isin(st[flagged], (IDLE, READY)).all(), "a restarted flag on an env that is neither idle nor ready"
         assert all(st[i] == READY for i in self.infos), "an info is pending for an env that is not ready"
+        pending = [b.ids if b.pending is None else b.ids[b.pending] for b in self.info_blocks]
+        in_blocks = np.concatenate(pending) if pending else np.zeros(0, dtype=np.int64)
+        assert (st[in_blocks] == READY).all(), "a record info is pending for an env that is not ready"
+        assert len(np.unique(in_blocks)) == len(in_blocks), "an env has infos pending in two blocks"
+        assert not set(in_blocks.tolist()) & set(self.infos), "an env has both a dict info and a record info pending"
         lost = np.flatnonzero(st == LOST)
         assert all(int(i) in self.lost for i in lost), "a lost env without the error that lost it"
+
+
+class InfoBlock:
+    """One reply's infos as records, pending until their envs are collected (possibly over several collects)."""
+
+    __slots__ = ("ids", "records", "pending")
+
+    def __init__(self, ids: np.ndarray, records: InfoRecords) -> None:
+        self.ids = ids  # env id of each row
+        self.records = records
+        self.pending: np.ndarray | None = None  # rows not collected yet; None: all of them
 
 
 def _sorted(a: np.ndarray) -> bool:

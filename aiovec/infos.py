@@ -15,9 +15,13 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import VectorEnv
 
-from .protocol import InfoRow
+from .protocol import InfoRecords, record_dtype
 
 _SCALARS = (int, float, bool)
+
+Part = tuple[np.ndarray, InfoRecords, "np.ndarray | None"]
+"""Infos that arrived as records, for some rows of a batch: ``(rows, records, selected)``,
+``selected`` picking which of the block's records (None: all), in the same order as ``rows``."""
 
 
 class _Batch:
@@ -29,18 +33,23 @@ class _Batch:
         self.num_envs = n
 
 
-def batch_infos(n: int, rows: Sequence[tuple[int, dict[str, Any] | InfoRow]]) -> dict[str, Any]:
-    """Merge per-env infos into one vectorised dict of ``n`` rows; ``rows`` is ``(row, info)``.
+def batch_infos(n: int, rows: Sequence[tuple[int, dict[str, Any]]], parts: Sequence[Part] = ()) -> dict[str, Any]:
+    """Merge per-env infos into one vectorised dict of ``n`` rows.
 
-    An info is a dict, or an :class:`~aiovec.protocol.InfoRow` as packed by a worker.
+    ``rows`` holds ``(row, info)`` dicts; ``parts`` holds infos that arrived as records.
     """
     rows = [(k, info) for k, info in rows if info]
+    if parts:
+        first = parts[0][1]
+        if not rows and all(r.keys == first.keys and r.types == first.types for _, r, _ in parts):
+            return _batch_records(n, parts)
+        for where, recs, selected in parts:  # mixed: back to one dict per row, in row order
+            dicts = recs.as_dicts()
+            picked = range(len(dicts)) if selected is None else np.flatnonzero(selected).tolist()
+            rows.extend(zip(where.tolist(), (dicts[j] for j in picked), strict=True))
+        rows.sort(key=lambda r: r[0])
     if not rows:
         return {}
-    schema = rows[0][1].schema if type(rows[0][1]) is InfoRow else None
-    if schema is not None and all(type(info) is InfoRow and info.schema == schema for _, info in rows):
-        return _batch_packed(n, schema, rows)
-    rows = [(k, info.to_dict() if type(info) is InfoRow else info) for k, info in rows]
     fast = _batch_flat(n, rows)
     if fast is not None:
         return fast
@@ -51,15 +60,24 @@ def batch_infos(n: int, rows: Sequence[tuple[int, dict[str, Any] | InfoRow]]) ->
     return out
 
 
-def _batch_packed(n: int, schema: tuple, rows: list[tuple[int, InfoRow]]) -> dict[str, Any]:
-    """Packed rows sharing one schema: one array per key, as gymnasium's ``_add_info`` would build it."""
-    keys, types = schema
-    whole = len(rows) == n and all(k == r for r, (k, _) in enumerate(rows))
-    idx = None if whole else np.fromiter((k for k, _ in rows), np.int64, len(rows))
-    columns = list(zip(*(info.values for _, info in rows), strict=True))
+def _batch_records(n: int, parts: Sequence[Part]) -> dict[str, Any]:
+    """Record parts sharing keys and types: one array and one mask per key, as gymnasium builds them."""
+    first = parts[0][1]
+    keys = first.keys
+    covered = sum(len(where) for where, _, _ in parts)
+    table = np.empty(n, record_dtype(keys, first.types)) if covered == n else np.zeros(n, record_dtype(keys, first.types))
+    for where, recs, selected in parts:
+        table[where] = recs.records() if selected is None else recs.records()[selected]
+    if covered == n:
+        masks = np.ones((len(keys), n), dtype=np.bool_)
+    else:
+        masks = np.zeros((len(keys), n), dtype=np.bool_)
+        for where, _, _ in parts:
+            masks[:, where] = True
     out: dict[str, Any] = {}
-    for key, kind, values in zip(keys, types, columns, strict=True):
-        out[key], out[f"_{key}"] = _column(n, kind, values, idx)
+    for key, mask in zip(keys, masks, strict=True):  # each key its own array; the masks are rows of one block
+        out[key] = table[key].copy()
+        out[f"_{key}"] = mask
     return out
 
 

@@ -111,7 +111,7 @@ class WorkerPool:
         self._last_restart = -1e9
         self._backoff = restart_backoff
         self.on_restart: Callable[[WorkerCrashedError], None] | None = None  # set by the vector env
-        self.on_step: Callable[[np.ndarray], None] = lambda env_ids: None  # a clean step of these envs finished (set by the vector env)
+        self.on_step: Callable[[np.ndarray, P.InfoRecords | None], None] = lambda env_ids, infos: None  # a step of these envs finished without errors (set by the vector env)
         self.restart_state: Callable[[int], dict | None] = lambda env_id: None
         self.closing = False
         self.started = False
@@ -514,14 +514,14 @@ class WorkerPool:
             handler(wid, reply, None)
         self._after_reply(wid, w)
 
-    def _on_step_timing(self, wid: int, cpu_s: float, wall_s: float) -> None:
-        """A clean step reply (no infos, no errors): the hot path, no reply object built."""
+    def _on_step_timing(self, wid: int, cpu_s: float, wall_s: float, runq_s: float, infos: P.InfoRecords | None) -> None:
+        """A step reply without errors (infos None or columns): the hot path, no reply object built."""
         w = self.workers.get(wid)
         if w is None:
             return
         p = w.pending.popleft()
-        self.stats.record(wid, len(p.env_ids), cpu_s, wall_s, 0.0, time.perf_counter() - p.t_sent)
-        self.on_step(p.env_ids)
+        self.stats.record(wid, len(p.env_ids), cpu_s, wall_s, runq_s, time.perf_counter() - p.t_sent)
+        self.on_step(p.env_ids, infos)
         self._after_reply(wid, w)
 
     def _after_reply(self, wid: int, w: _Worker) -> None:

@@ -8,13 +8,14 @@ the parent sends only while no ADD/REMOVE to that worker is unanswered, so its v
 of the worker's envs is exact.
 
 Parent -> worker: one of the command tuples below (pickled), or the one byte
-:data:`STEP_SHARD`. Worker -> parent: a pickled :class:`Reply`, or for a step that
-had no infos and no errors, the fixed :data:`FAST_REPLY` frame (a marker byte and the
-command's CPU and wall seconds).
+:data:`STEP_SHARD`. Worker -> parent: a pickled :class:`Reply`; or, for a step without
+errors, one of two frames built without pickle: :func:`fast_reply` (no infos: a marker
+byte and the :class:`Timing`) and :func:`records_reply` (infos as :class:`InfoRecords`).
 """
 
 from __future__ import annotations
 
+import functools
 import pickle
 import struct
 from enum import IntEnum
@@ -120,54 +121,57 @@ class Reply(NamedTuple):
     timing: Timing
 
 
-class InfoRow(NamedTuple):
-    """One env's info as it travels packed: ``schema`` (keys and value types, shared by the rows
-    of a reply) and the values as plain Python scalars (cheap to pickle, unlike numpy scalars)."""
+class InfoRecords(NamedTuple):
+    """A reply's infos when every env of it returned the same keys, each with numbers of one type
+    (MuJoCo's and ALE's every step): one numpy record per env in one ``bytes`` (cheap to pickle:
+    numpy scalars and arrays are not). Record ``k`` belongs to the reply's ``k``-th env."""
 
-    schema: tuple[tuple[str, ...], tuple[type, ...]]
-    values: tuple
+    keys: tuple[str, ...]
+    types: tuple[type, ...]  # each key's value type, as the envs returned it (gymnasium's dtype)
+    rows: int
+    data: bytes
 
-    def to_dict(self) -> dict[str, Any]:
-        keys, types = self.schema
-        return {k: t(v) for k, t, v in zip(keys, types, self.values, strict=True)}
+    def records(self) -> np.ndarray:
+        """The records as a read-only structured array viewing ``data``, one field per key."""
+        return np.frombuffer(self.data, record_dtype(self.keys, self.types), self.rows)
+
+    def as_dicts(self) -> list[dict[str, Any]]:
+        """The infos as the envs returned them, one dict per row (values of their original types)."""
+        recs = self.records()
+        cols = [recs[k].tolist() if kind in _SCALARS else recs[k] for k, kind in zip(self.keys, self.types, strict=True)]
+        return [{k: kind(col[r]) for k, kind, col in zip(self.keys, self.types, cols, strict=True)} for r in range(self.rows)]
 
 
-class PackedInfos(NamedTuple):
-    """A reply's infos when every env returned the same keys with scalar values of the same types
-    (MuJoCo's and ALE's every step): one schema, one tuple of Python scalars per env (None: no info)."""
-
-    schema: tuple[tuple[str, ...], tuple[type, ...]]
-    rows: list[tuple | None]
-
-    def as_rows(self) -> list[InfoRow | None]:
-        return [None if r is None else InfoRow(self.schema, r) for r in self.rows]
+@functools.lru_cache(maxsize=256)
+def record_dtype(keys: tuple[str, ...], types: tuple[type, ...]) -> np.dtype:
+    """One field per info key, of that key's type."""
+    return np.dtype(list(zip(keys, types, strict=True)))
 
 
 _SCALARS = (int, float, bool)
 
 
-def pack_infos(infos: list[dict | None]) -> PackedInfos | list[dict | None]:
-    """Pack one reply's infos (aligned with its env ids) when they share keys and scalar types; else as they are."""
-    schema = None
-    rows: list[tuple | None] = []
+def _batchable(kind: type) -> bool:
+    """What gymnasium batches into a numeric array (``numpy.bool_`` is not: it gets an object array)."""
+    return kind in _SCALARS or issubclass(kind, np.number)
+
+
+def pack_infos(infos: list[dict | None]) -> InfoRecords | list[dict | None]:
+    """One reply's infos (aligned with its env ids) as records when every env returned the same
+    string keys with numbers of the same type per key; else as they are."""
+    first = infos[0]
+    if not first:
+        return infos
+    keys = first.keys()
+    types = tuple(map(type, first.values()))
     for info in infos:
-        if not info:
-            rows.append(None)
-            continue
-        types = tuple(type(v) for v in info.values())
-        if schema is None:
-            if not all(t in _SCALARS or issubclass(t, np.number) for t in types):  # what gymnasium batches as numbers
-                return infos
-            schema = (tuple(info), types)
-        elif types != schema[1] or tuple(info) != schema[0]:
+        if not info or info.keys() != keys or tuple(map(type, info.values())) != types:
             return infos
-        rows.append(tuple(v.item() if type(v) not in _SCALARS else v for v in info.values()))
-    return infos if schema is None else PackedInfos(schema, rows)
-
-
-def info_rows(infos: PackedInfos | list | None) -> list | None:
-    """A reply's infos as one entry per env (a dict, an :class:`InfoRow`, or None)."""
-    return infos.as_rows() if isinstance(infos, PackedInfos) else infos
+    keys = tuple(keys)
+    if not all(map(_batchable, types)) or not all(type(k) is str and k for k in keys):
+        return infos
+    data = np.array([tuple(info.values()) for info in infos], record_dtype(keys, types)).tobytes()
+    return InfoRecords(keys, types, len(infos), data)
 
 
 NO_TIMING = Timing(0.0, 0.0, 0.0)
@@ -175,14 +179,34 @@ NO_TIMING = Timing(0.0, 0.0, 0.0)
 STEP_SHARD = b"\x01"
 """Command: step every env this worker hosts, in env-id order."""
 
-_FAST = struct.Struct("=Bdd")
+_FAST = struct.Struct("=Bddd")
 FAST_REPLY_SIZE = _FAST.size
 FAST_MARK = 1
 
 
-def fast_reply(cpu_s: float, wall_s: float) -> bytes:
-    """A step reply with no infos and no errors: a marker byte, then CPU and wall seconds."""
-    return _FAST.pack(FAST_MARK, cpu_s, wall_s)
+def fast_reply(timing: Timing) -> bytes:
+    """A step reply with no infos and no errors: a marker byte, then the :class:`Timing`."""
+    return _FAST.pack(FAST_MARK, *timing)
+
+
+RECORDS_MARK = 2
+_RECORDS = struct.Struct("=BdddHII")  # marker, timing, schema number, length of the pickled schema (0: sent before), rows
+MAX_SCHEMAS = 256
+"""Schemas one worker numbers; beyond that, replies travel pickled (infos whose keys never settle)."""
+
+
+def records_reply(timing: Timing, infos: InfoRecords, schemas: dict[tuple, int]) -> bytes | None:
+    """A step reply whose infos are records, without pickle: the schema (keys, types) travels once per
+    worker, numbered in ``schemas`` (the worker's own record); None when that record is full."""
+    key = (infos.keys, infos.types)
+    number = schemas.get(key)
+    schema = b""
+    if number is None:
+        if len(schemas) >= MAX_SCHEMAS:
+            return None
+        number = schemas[key] = len(schemas)
+        schema = pickle.dumps(key, _PROTOCOL)
+    return _RECORDS.pack(RECORDS_MARK, *timing, number, len(schema), infos.rows) + schema + infos.data
 
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -192,12 +216,25 @@ def encode(msg: tuple[Any, ...]) -> bytes:
     return pickle.dumps(msg, _PROTOCOL)
 
 
-def decode_reply(frame: bytes | memoryview) -> Reply | Timing:
-    """A pickled :class:`Reply`, or for a fast step reply just its :class:`Timing` (pickled frames start with 0x80)."""
-    if len(frame) == FAST_REPLY_SIZE and frame[0] == FAST_MARK:
-        _, cpu, wall = _FAST.unpack(frame)
-        return Timing(cpu, wall)
+def decode_reply(frame: bytes | memoryview, schemas: dict[int, tuple]) -> Reply | Timing:
+    """A reply frame: a pickled :class:`Reply` (pickles start with 0x80), a fast step reply (just its
+    :class:`Timing`), or a step reply with infos as records (``schemas``: what this worker numbered so far)."""
+    mark = frame[0]
+    if mark == FAST_MARK and len(frame) == FAST_REPLY_SIZE:
+        return Timing(*_FAST.unpack(frame)[1:])
+    if mark == RECORDS_MARK:
+        return Reply(STEP, None, decode_records(frame, schemas)[1], None, Timing(*_RECORDS.unpack_from(frame)[1:4]))
     return pickle.loads(frame)
+
+
+def decode_records(frame: bytes | memoryview, schemas: dict[int, tuple]) -> tuple[Timing, InfoRecords]:
+    """A :func:`records_reply` frame as its timing and infos."""
+    _, cpu, wall, runq, number, size, rows = _RECORDS.unpack_from(frame)
+    start = _RECORDS.size
+    if size:
+        schemas[number] = pickle.loads(frame[start : start + size])
+    keys, types = schemas[number]
+    return Timing(cpu, wall, runq), InfoRecords(keys, types, rows, bytes(frame[start + size :]))
 
 
 decode = pickle.loads

@@ -698,8 +698,8 @@ class AsyncVecEnv:
             await self._wait(None, batch=True)
         if self._errors:
             raise self._errors.popleft()
-        v, rows_info = self._views, table.collect(slice(None))
-        infos = batch_infos(self.num_envs, rows_info) if rows_info else {}
+        v, (rows_info, parts) = self._views, table.collect(slice(None))
+        infos = batch_infos(self.num_envs, rows_info, parts) if rows_info or parts else {}
         obs = take(v.obs, slice(None))
         if self._delivered is not None:
             put_rows(self._delivered, slice(None), obs)
@@ -866,9 +866,9 @@ class AsyncVecEnv:
             return  # the worker died; _on_worker_lost / _on_worker_restarted account for its envs
         self._stepped(reply.env_ids, reply.payload, reply.errors)
 
-    def _on_clean_step(self, ids: np.ndarray) -> None:
-        """The hot path: a worker stepped ``ids`` without infos or errors (no reply object was built)."""
-        self._stepped(ids, None, None)
+    def _on_clean_step(self, ids: np.ndarray, infos: P.InfoRecords | None) -> None:
+        """The hot path: a worker stepped ``ids`` without errors (no reply object was built)."""
+        self._stepped(ids, infos, None)
 
     def _stepped(self, ids: np.ndarray, infos: Any, errors: list | None) -> None:
         """A worker finished stepping ``ids``: into the table, then the moves and waiters it may free."""
@@ -914,8 +914,8 @@ class AsyncVecEnv:
 
     def _collect(self, ids: np.ndarray) -> StepResult:
         v = self._views
-        rows_info = self._table.collect(ids)
-        infos = batch_infos(len(ids), rows_info) if rows_info else {}
+        rows_info, parts = self._table.collect(ids)
+        infos = batch_infos(len(ids), rows_info, parts) if rows_info or parts else {}
         obs = take(v.obs, ids)
         if self._delivered is not None:
             put_rows(self._delivered, ids, obs)

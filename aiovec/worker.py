@@ -485,7 +485,8 @@ def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = 
     """
     chan = _Channel(_conn)
     host = EnvHost(_buffers.views(), AutoresetMode(autoreset_mode), _buffers.obs_space, _buffers.action_space, **(host_options or {}))
-    encode, fast_reply, step_shard = P.encode, P.fast_reply, host.step_shard
+    encode, fast_reply, records_reply, step_shard = P.encode, P.fast_reply, P.records_reply, host.step_shard
+    schemas: dict[tuple, int] = {}  # info schemas sent so far (see protocol.records_reply)
     chan.send(encode(P.Reply(P.READY, (), {"pid": os.getpid(), "spin_s": spin_s}, None, P.NO_TIMING)))
     while True:
         try:
@@ -496,10 +497,16 @@ def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = 
             os._exit(0)
         if frame == P.STEP_SHARD:
             timing, infos, errors = step_shard()
-            if infos is None and errors is None and not timing.runq_s:
-                out = fast_reply(timing.cpu_s, timing.wall_s)
-            else:
-                out = encode(P.Reply(P.STEP, None, None if infos is None else P.pack_infos(infos), errors, timing))
+            out = None
+            if errors is None:
+                if infos is None:
+                    out = fast_reply(timing)
+                else:
+                    infos = P.pack_infos(infos)
+                    if type(infos) is P.InfoRecords:
+                        out = records_reply(timing, infos, schemas)
+            if out is None:
+                out = encode(P.Reply(P.STEP, None, infos, errors, timing))
             msg = None
         else:
             msg = P.decode(frame)
@@ -507,9 +514,18 @@ def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = 
             if op == P.TUNE and "spin_s" in msg.options:
                 spin_s = float(msg.options["spin_s"])
             reply = host.handle(msg)  # an unknown command raises: the worker dies with the reason
+            out = None
             if op == P.TUNE:
                 reply = reply._replace(payload={**reply.payload, "spin_s": spin_s})
-            out = encode(reply)
+            elif op == P.STEP and reply.errors is None:  # the parent knows the ids it sent: the step's frames serve
+                if reply.payload is None:
+                    out = fast_reply(reply.timing)
+                else:
+                    infos = P.pack_infos(reply.payload)
+                    if type(infos) is P.InfoRecords:
+                        out = records_reply(reply.timing, infos, schemas)
+            if out is None:
+                out = encode(reply)
         try:
             chan.send(out)
         except OSError:

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from aiovec.envtable import BROKEN, IDLE, LOST, READY, RESETTING, STEPPING, EnvState, EnvTable
 from aiovec.errors import EnvStateError, WorkerCrashedError
+from aiovec.infos import batch_infos
+from aiovec.protocol import pack_infos
 
 N = 6
 
@@ -39,8 +41,8 @@ def test_lock_step_cycle_and_arrival_order() -> None:
     assert t.in_flight == 0 and t.num_ready == N
     assert t.oldest_ready(4).tolist() == [3, 4, 5, 0]
     assert t.boundary.tolist() == [False, False, False, False, True, False]
-    rows = t.collect(np.array([3, 4, 5, 0]))
-    assert rows == [(1, {"x": 1})]
+    rows, parts = t.collect(np.array([3, 4, 5, 0]))
+    assert rows == [(1, {"x": 1})] and parts == []
     assert t.num_ready == 2 and t.state.tolist() == [IDLE, READY, READY, IDLE, IDLE, IDLE]
 
 
@@ -67,7 +69,8 @@ def test_idle_restart_holds_the_env_back_once_with_a_truncation() -> None:
     t.truncate_restarted(held)
     assert t.state[1] == READY and t.infos[1] == {"worker_restarted": True} and not t.restarted.any()
     t.step_done(stepping, np.zeros(N, bool), np.zeros(N, bool), None, None)
-    assert len(t.collect(slice(None))) == 2
+    rows, _ = t.collect(slice(None))
+    assert len(rows) == 2
     assert t.send(slice(None))[1] is None  # once only
 
 
@@ -98,6 +101,7 @@ class Model:
         self.restarted: set[int] = set()
         self.order: list[int] = []  # ready envs in arrival order
         self.lost: set[int] = set()
+        self.with_info: set[int] = set()  # ready envs whose reply carried an info
 
 
 @settings(max_examples=150, deadline=None)
@@ -127,7 +131,11 @@ def test_random_event_sequences_match_the_reference_model(events: list) -> None:
             if not ids:
                 continue
             errs = [(ids[0], "E", "m", "tb")] if kind == "fail" else None
-            t.step_done(np.array(ids), np.zeros(N, bool), np.zeros(N, bool), None, errs)
+            # a clean reply carries one info per env, as columns (MuJoCo's and ALE's infos travel so)
+            infos = None if errs else pack_infos([{"env": i, "half": i / 2} for i in ids])
+            t.step_done(np.array(ids), np.zeros(N, bool), np.zeros(N, bool), infos, errs)
+            if infos is not None:
+                m.with_info.update(ids)
             for i in ids:
                 m.state[i] = BROKEN if kind == "fail" and i == ids[0] else READY
             m.order += sorted(i for i in ids if m.state[i] == READY)
@@ -137,7 +145,14 @@ def test_random_event_sequences_match_the_reference_model(events: list) -> None:
                 continue
             got = t.oldest_ready(k).tolist()
             assert got == m.order[:k]
-            t.collect(np.array(got))
+            rows, parts = t.collect(np.array(got))
+            infos = batch_infos(len(got), rows, parts)
+            for row, i in enumerate(got):  # each env's own info, on its own row, exactly once
+                if i in m.with_info:
+                    assert infos["_env"][row] and infos["env"][row] == i and infos["half"][row] == i / 2
+                    m.with_info.discard(i)
+                else:
+                    assert "_env" not in infos or not infos["_env"][row]
             for i in got:
                 m.state[i] = LOST if i in m.lost else IDLE
             del m.order[:k]

@@ -24,9 +24,10 @@ class WorkerHandle(ABC):
     """One worker: a process or an actor hosting a shard of envs."""
 
     worker_id: int
-    on_step_timing: Callable[[float, float], None] | None = None
-    """Set by the pool: called with ``(cpu_s, wall_s)`` for a step reply with no infos and no errors
-    (the hot path: no reply object is built). Where it is None, such replies go to ``on_reply``."""
+    on_step_timing: Callable[[float, float, float, Any], None] | None = None
+    """Set by the pool: called with ``(cpu_s, wall_s, runq_s, infos)`` for a step reply without errors whose
+    infos are None or :class:`~aiovec.protocol.InfoRecords` (the hot path: no reply object is built).
+    Where it is None, such replies go to ``on_reply``."""
 
     @abstractmethod
     def send(self, msg: tuple[Any, ...]) -> None:

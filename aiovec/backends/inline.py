@@ -146,14 +146,14 @@ class InlineWorker(WorkerHandle):
             self._per_env_s = cost if cost > self._per_env_s else 0.9 * self._per_env_s + 0.1 * cost
 
     def _deliver_step(self, msg: Any, ids: list, infos: list | None, errors: list | None, cpu_s: float, wall_s: float) -> None:
-        """Hand a finished step to the pool as a process worker would: the fast path for a clean STEP_SHARD."""
-        if isinstance(msg, bytes) and infos is None and errors is None:
-            if self.on_step_timing is not None and not self._exited:
-                self.on_step_timing(cpu_s, wall_s)
-            else:
-                self._reply(P.Timing(cpu_s, wall_s))  # what a process worker's fast reply decodes to
-        else:
-            self._reply(P.Reply(P.STEP, None if isinstance(msg, bytes) else tuple(ids), infos, errors, P.Timing(cpu_s, wall_s)))
+        """Hand a finished step to the pool as a process worker would: the fast path when it had no errors."""
+        if errors is None:
+            if infos is not None:
+                infos = P.pack_infos(infos)
+            if (infos is None or type(infos) is P.InfoRecords) and self.on_step_timing is not None and not self._exited:
+                self.on_step_timing(cpu_s, wall_s, 0.0, infos)
+                return
+        self._reply(P.Reply(P.STEP, None if isinstance(msg, bytes) else tuple(ids), infos, errors, P.Timing(cpu_s, wall_s)))
 
     def _run_in_thread(self, msg: Any) -> None:
         self._busy = True

@@ -29,8 +29,7 @@ from .base import Backend, ExitCallback, ReplyCallback, WorkerHandle
 
 _HEADER = struct.Struct("!i")  # multiprocessing.Connection's frame header
 _STEP_SHARD_FRAME = _HEADER.pack(len(P.STEP_SHARD)) + P.STEP_SHARD
-_FAST_FRAME_SIZE = _HEADER.size + P.FAST_REPLY_SIZE
-_FAST_FRAME = struct.Struct("=4xBdd")  # a whole fast reply frame: header skipped, marker, cpu, wall
+_FAST = struct.Struct("=Bddd")  # a fast reply: marker, cpu, wall, runq
 _live: weakref.WeakSet[ProcessWorker] = weakref.WeakSet()
 
 
@@ -101,6 +100,7 @@ class ProcessWorker(WorkerHandle):
         self._fd = parent_conn.fileno()
         os.set_blocking(self._fd, False)
         self._rbuf = b""
+        self._schemas: dict[int, tuple] = {}  # info schemas this worker numbered (see protocol.records_reply)
         self._wbuf = bytearray()  # commands sent before the process exists wait in the socket
         self._loop.add_reader(self._fd, self._on_readable)
         _live.add(self)
@@ -209,23 +209,24 @@ class ProcessWorker(WorkerHandle):
                 # Died (or is dying): the executor reports how, via the serve future.
                 self._loop.call_later(2.0, self._force_exit_report)
             return
-        if len(data) == _FAST_FRAME_SIZE and not self._rbuf and data[4] == P.FAST_MARK:  # the hot path: one fast reply
-            fast = self.on_step_timing
-            if fast is not None:
-                _, cpu, wall = _FAST_FRAME.unpack(data)
-                fast(cpu, wall)
-            else:
-                self._on_reply(P.decode_reply(data[4:]))
-            return
         buf = self._rbuf + data if self._rbuf else data
-        pos, end = 0, len(buf)
+        view, pos, end = memoryview(buf), 0, len(buf)
+        fast = self.on_step_timing
         while end - pos >= 4:
             size = _HEADER.unpack_from(buf, pos)[0]
             if end - pos - 4 < size:
                 break
-            reply = decode_reply(buf[pos + 4 : pos + 4 + size])
+            frame = view[pos + 4 : pos + 4 + size]
             pos += 4 + size
-            self._on_reply(reply)
+            mark = frame[0]
+            if fast is not None and mark == P.FAST_MARK:  # the hot path: a step without infos or errors
+                _, cpu, wall, runq = _FAST.unpack(frame)
+                fast(cpu, wall, runq, None)
+            elif fast is not None and mark == P.RECORDS_MARK:  # a step whose infos came as columns
+                timing, infos = P.decode_records(frame, self._schemas)
+                fast(*timing, infos)
+            else:
+                self._on_reply(decode_reply(frame, self._schemas))
             if self._exited:
                 return
         self._rbuf = buf[pos:] if pos < end else b""
