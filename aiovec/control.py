@@ -2,7 +2,9 @@
 
 Runs as a task beside the vector env. An interval lasts until it has seen at
 least ``max(30, 8 * workers)`` completed steps and ``min_interval`` seconds (at most
-``max_interval``), jittered by +-10% so it does not lock onto periodic behaviour.
+``max_interval``), jittered by +-10% so it does not lock onto periodic behaviour. A few
+times per interval it looks at what the caller is awaiting (``step()``: lock-step;
+``recv()``: first-finished), which tells the controller how the caller steps.
 
 A decision may change three things, applied in this order: the placement (inline or
 processes: envs move at episode boundaries), the threads per worker process (instant,
@@ -48,9 +50,10 @@ class ControlLoop:
         self.cost_s = 0.0  # CPU the loop itself used
         self._rng = random.Random(seed)
         self._cpus = venv._pool.backend.cpus() if venv._pool is not None else float(available_cpus())
-        # Knobs the user set: a number of workers, or threads other than the default.
+        # Knobs the user set: a number of workers, or any number of threads (the default is None).
         self.fixed_workers = venv._num_workers_arg != "auto"
-        self.fixed_threads = getattr(venv, "_env_threads_arg", venv.env_threads) != 1
+        self.fixed_threads = getattr(venv, "_env_threads_arg", None) is not None
+        self._seen = [0, 0]  # wake-ups that found the caller in step() (lock-step) / in recv() (first-finished)
         pool = venv._pool
         self.inline_ok = pool is not None and "inline" in pool.backends and venv.placement_arg == "auto" and not self.fixed_workers
 
@@ -80,7 +83,12 @@ class ControlLoop:
         # Lock-step: every command steps a worker's whole shard. First-finished: commands carry fewer envs.
         commands = b.commands - a.commands
         live = max(1, venv.num_workers)
-        lockstep = None if commands <= 0 else steps / commands >= 0.9 * venv.num_envs / live
+        lock, first = self._seen
+        self._seen = [0, 0]
+        if lock or first:  # what the caller was awaiting when the loop looked: step() or recv()
+            lockstep: bool | None = lock >= first
+        else:  # commands that each step a worker's whole shard (a recv() whose batch is a shard looks the same)
+            lockstep = None if commands <= 0 else steps / commands >= 0.9 * venv.num_envs / live
         if threads > 1:  # a command's wall time is shared by its envs' threads: per env step it is longer
             wall *= max(1, min(threads, shard or 1))
         return Measurement(
@@ -110,11 +118,21 @@ class ControlLoop:
             moved = True
         return moved
 
+    def _look(self) -> None:
+        """Note whether the caller is awaiting a lock-step ``step()`` or a first-finished ``recv()`` right now."""
+        waiters = getattr(self.venv, "_waiters", ())
+        if waiters:
+            self._seen[0 if any(batch for _, batch in waiters) else 1] += 1
+
     async def run(self) -> None:
         prev = self._sample()
         settle = False
+        due = prev.t + self.min_interval * self._rng.uniform(0.9, 1.1)
         while True:
-            await asyncio.sleep(self.min_interval * self._rng.uniform(0.9, 1.1))
+            await asyncio.sleep(self.min_interval / 4)  # a few looks at what the caller awaits per interval
+            self._look()
+            if time.perf_counter() < due:
+                continue
             cur = self._sample()
             if cur.steps - prev.steps < max(30, 8 * self.venv.num_workers) and cur.t - prev.t < self.max_interval:
                 continue
@@ -139,3 +157,4 @@ class ControlLoop:
             settle = await self.apply(m, Decision(d.target, d.reason, d.measured, threads, placement))
             self.cost_s += time.thread_time() - c0
             prev = self._sample()
+            due = prev.t + self.min_interval * self._rng.uniform(0.9, 1.1)

@@ -5,9 +5,15 @@ measures the one it moves to; the model is never the last word (see :mod:`aiovec
 
 A lock-step batch is done when the busiest process is: it steps its shard of ``s`` envs on
 ``T`` threads, so waits overlap (``ceil(s / T)`` rounds of one env step) while CPU work
-serialises on the process's GIL (``s * t_cpu``). The cores bound the batch too (every env's
-CPU plus the parent's, over ``C``), and so does the parent, which handles every step and
-every command on one thread. Inline, the parent steps every env itself, one after another.
+serialises on the process's GIL (``s * t_cpu``, and the last thread to get the GIL still waits
+after it). The cores bound the batch too (every env's CPU plus the parent's, over ``C``). In
+lock-step the parent's own work (collecting every result, the caller's turn, sending every action)
+adds to the batch: the workers idle meanwhile. First-finished, it overlaps them and only bounds the
+rate. Inline, the parent steps every env itself, one after another.
+
+Fitted against the controller benchmark's static grid on 2 cores (64 envs waiting 5 ms: 1p x 8t
+~42 ms a batch, 2p x 32t ~6.4 ms, 64p x 1t ~7.3 ms; 48 envs of 1 ms CPU + 10 ms waiting:
+2p x 24t ~35 ms), within ~10%.
 """
 
 from __future__ import annotations
@@ -63,12 +69,50 @@ def predict(c: Config, costs: Costs, num_envs: int, cpus: float, lockstep: bool 
     s = largest_shard(n, p) if lockstep else n / p
     t = max(1, min(c.threads, math.ceil(s)))
     handoff = THREAD_HANDOFF_S if t > 1 else 0.0
-    rounds = math.ceil(s / t) if lockstep else s / t
-    worker = max(rounds * (t_cpu + t_wait + handoff), s * (t_cpu + handoff))
-    cores = (n * (t_cpu + handoff + t_main) + p * COMMAND_S) / cpus
-    parent = (n * t_main + p * COMMAND_S / 2) / PARENT_LIMIT
-    batch = max(worker + COMMAND_S, cores, parent)
+    worker = command_s(s, t, t_cpu, t_wait, lockstep, handoff)
+    parent = n * t_main + p * COMMAND_S / 2
+    if lockstep:  # the parent's turn is serial with the workers' (they idle meanwhile)
+        batch = parent + max(worker + COMMAND_S, (n * (t_cpu + handoff) + p * COMMAND_S) / cpus)
+    else:
+        batch = max(worker + COMMAND_S, (n * (t_cpu + handoff + t_main) + p * COMMAND_S) / cpus, parent / PARENT_LIMIT)
     return n / batch
+
+
+def command_s(shard: float, threads: int, cpu_s: float, wait_s: float, lockstep: bool = True, handoff_s: float = 0.0) -> float:
+    """How long a worker takes to step its ``shard`` of envs on ``threads`` threads (one GIL).
+
+    Each thread steps ``ceil(shard / threads)`` envs in turn (rounds of CPU plus waiting). Where the
+    CPU parts fill the GIL, the envs' CPU serialises and the last wait hangs out after it: ``shard``
+    CPU times plus one wait (24 envs of 1 ms CPU + 10 ms waiting on 24 threads: ~34 ms, not 11).
+    ``handoff_s``: the worker's CPU to hand one env step to a thread (serialised, but not before the wait).
+
+    >>> round(1e3 * command_s(24, 24, 1e-3, 10e-3), 1), round(1e3 * command_s(4, 1, 1e-3, 10e-3), 1)
+    (34.0, 44.0)
+    """
+    t = max(1, min(threads, math.ceil(shard)))
+    rounds = math.ceil(shard / t) if lockstep else shard / t
+    return max(rounds * (cpu_s + handoff_s + wait_s), shard * (cpu_s + handoff_s), shard * cpu_s + wait_s)
+
+
+def wait_from_command(command: float, shard: int, threads: int, cpu_s: float) -> float:
+    """The per-step waiting that makes :func:`command_s` last ``command`` seconds (its inverse in ``wait_s``).
+
+    >>> round(1e3 * wait_from_command(command_s(24, 24, 1e-3, 10e-3), 24, 24, 1e-3), 3)
+    10.0
+    >>> round(1e3 * wait_from_command(command_s(12, 4, 50e-6, 3e-3), 12, 4, 50e-6), 3)
+    3.0
+    """
+    t = max(1, min(threads, shard))
+    rounds = math.ceil(shard / t)
+    by_rounds = command / rounds - cpu_s
+    by_gil = command - shard * cpu_s
+    return max(0.0, min(by_rounds, by_gil))
+
+
+INLINE_MAX_STEP_S = 250e-6
+"""Envs whose step (CPU plus waiting) takes longer than this never run inline: the in-process rung steps
+envs in slices of at most ~0.25 ms between which the event loop runs (``backends/inline.SLICE_S``), and
+one env step cannot be split. Envs that mostly wait never run inline either (they would hold the loop)."""
 
 
 def costs_from(cpu_per_step: float, env_step_s: float, main_per_step: float, placement: str) -> Costs:

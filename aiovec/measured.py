@@ -26,14 +26,13 @@ Pure: no clock, no I/O. Feed it :class:`~aiovec.controller.Measurement` objects.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
 from .configs import Config, efficient_counts, efficient_threads, largest_shard
 from .controller import Decision, Measurement
-from .costmodel import Costs, costs_from, predict
+from .costmodel import INLINE_MAX_STEP_S, Costs, costs_from, predict, wait_from_command
 
 
 @dataclass
@@ -72,12 +71,8 @@ def infer_costs(m: Measurement) -> Costs:
         return costs_from(cpu, step, m.main_cpu_per_step, "inline")
     shard = m.largest_shard or largest_shard(m.num_envs, max(1, m.num_workers))
     t = max(1, min(m.threads, shard))
-    if t > 1:
-        command = step * shard / t
-        if command <= 1.15 * shard * cpu:
-            step = cpu  # GIL-bound: no waiting to overlap
-        else:
-            step = command / math.ceil(shard / t)
+    if t > 1:  # threads hide waits and queue for the GIL: invert the model's command time
+        step = cpu + wait_from_command(step * shard / t, shard, t, cpu)
     return costs_from(cpu, step, m.main_cpu_per_step, "process")
 
 
@@ -128,6 +123,9 @@ class MeasuredController:
         self._probes_left = probes
         self._threads_first = False
         self._explored_processes = False
+        self._jump_x: list[float] = []  # steps/s of the intervals that showed a change of cost
+        self._regimes: list[tuple[Costs, dict[Config, _Record]]] = []  # what earlier env costs measured
+        self._decide_now = False
         self.regime_changes = 0
 
     # -- the decision ---------------------------------------------------------------------
@@ -152,8 +150,9 @@ class MeasuredController:
         rec = self.records.setdefault(cur, _Record())
         rec.samples.append(x)
         rec.seen = self._i
-        if len(self._visit) < self.confirm:
+        if len(self._visit) < self.confirm and not self._decide_now:
             return self._hold(cur, f"{regime}measuring {cur.label}: {x:,.0f} steps/s ({len(self._visit)}/{self.confirm})")
+        self._decide_now = False
         here = statistics.median(self._visit[-6:])
         if self._base is not None:
             base, before = self._base
@@ -174,23 +173,37 @@ class MeasuredController:
         return self._choose(cur, here, costs, m, regime)
 
     def _track(self, cur: Config, x: float, costs: Costs) -> str:
-        """Follow the env's cost at an unchanged configuration; a jump held two intervals is a new regime."""
+        """Follow the env's cost at an unchanged configuration; a jump held two intervals is a new regime.
+
+        Two intervals agreeing on the new cost decide at once (the second is all new cost). What each
+        earlier cost measured is kept: an env that returns to a cost it had resumes that cost's
+        measurements and bans (no re-exploring what is known); a new cost starts afresh, threads first.
+        """
         if cur != self._here:
-            self._here, self._visit, self.costs, self._jumps = cur, [], costs, 0
+            self._here, self._visit, self.costs, self._jumps, self._jump_x = cur, [], costs, 0, []
             return ""
         old = self.costs
         assert old is not None
         if _changed(old, costs, self.cost_change):
             self._jumps += 1
+            self._jump_x.append(x)
         else:
-            self._jumps = 0
+            self._jumps, self._jump_x = 0, []
         if self._jumps >= 2:
-            self.records.clear()
-            self.costs, self._jumps, self._base, self._visit = costs, 0, None, []
-            self._probes_left, self._threads_first, self._explored_processes = self.probes, True, False
+            rec = self.records.get(cur)
+            if rec is not None and rec.samples:
+                rec.samples.pop()  # the first interval at the new cost was counted under the old one
+            self._regimes = [(c, r) for c, r in self._regimes if _changed(c, old, self.cost_change)][-3:]
+            self._regimes.append((old, self.records))
+            known = next((r for c, r in self._regimes if not _changed(c, costs, self.cost_change)), None)
+            self.records = known if known is not None else {}
+            self.costs, self._jumps, self._base, self._visit, self._jump_x = costs, 0, None, [], []
+            self._probes_left, self._threads_first, self._explored_processes = self.probes, known is None, False
+            self._decide_now = True
             self.regime_changes += 1
             return (f"env cost changed (CPU {1e3 * old.cpu_s:.2f} -> {1e3 * costs.cpu_s:.2f} ms, "
-                    f"waiting {1e3 * old.wait_s:.2f} -> {1e3 * costs.wait_s:.2f} ms per step); ")
+                    f"waiting {1e3 * old.wait_s:.2f} -> {1e3 * costs.wait_s:.2f} ms per step"
+                    f"{'; a cost seen before: its measurements resume' if known is not None else ''}); ")
         if not self._jumps:
             self.costs = Costs(*(0.5 * a + 0.5 * b for a, b in zip((old.cpu_s, old.wait_s, old.main_s),
                                                                   (costs.cpu_s, costs.wait_s, costs.main_s), strict=True)))
@@ -201,6 +214,10 @@ class MeasuredController:
         lockstep = m.lockstep is not False
         cal = here / max(predict(cur, model, m.num_envs, m.cpus, lockstep), 1e-9)
         allowed = self._allowed(m)
+        if cur.placement == "inline" and cur not in allowed:  # too costly to step in this process: leave at once
+            pick = self._best([c for c in allowed if c.placement != "inline"], cur, here, model, cal, m, lockstep, force=True)
+            if pick is not None:
+                return pick
         if self._threads_first:
             self._threads_first = False
             same = [c for c in allowed if c.placement == cur.placement and c.processes == cur.processes]
@@ -214,7 +231,7 @@ class MeasuredController:
                                f"(CPU {1e3 * model.cpu_s:.2f} ms, waiting {1e3 * model.wait_s:.2f} ms per step)")
 
     def _best(self, cands: list[Config], cur: Config, here: float, costs: Costs, cal: float, m: Measurement,
-              lockstep: bool) -> Decision | None:
+              lockstep: bool, force: bool = False) -> Decision | None:
         scored = []
         # Where envs wait, or results are taken first-finished (stragglers), the model is least sure: measure neighbours.
         # The model far off (stragglers, a busy host) counts as unsure too.
@@ -231,7 +248,7 @@ class MeasuredController:
                 scored.append((here, True, c))
             elif fresh:
                 scored.append((rec.median, True, c))  # type: ignore[union-attr]
-            elif self._probes_left > 0:
+            elif self._probes_left > 0 or force:
                 bonus = 1 + self.explore if c in explore else 1.0
                 scored.append((bonus * cal * predict(c, costs, m.num_envs, m.cpus, lockstep), False, c))
         if not scored:
@@ -242,13 +259,14 @@ class MeasuredController:
         if best == cur:
             return None
         need = here * (1 + self.gain) if _resources(best) >= _resources(cur) else here * (1 - self.prefer)
-        if score < need:
+        if score < need and not force:
             return None
         if not measured:
             self._probes_left -= 1
             self._explored_processes |= best.processes != cur.processes
         kind = "measured" if measured else "model"
-        return self._move(cur, best, m, f"{best.label}: {kind} {score:,.0f} steps/s vs {here:,.0f} at {cur.label}")
+        why = "the env is too costly to step in this process; " if force else ""
+        return self._move(cur, best, m, f"{best.label}: {why}{kind} {score:,.0f} steps/s vs {here:,.0f} at {cur.label}")
 
     # -- helpers --------------------------------------------------------------------------
     def _allowed(self, m: Measurement) -> list[Config]:
@@ -258,9 +276,12 @@ class MeasuredController:
         if m.fixed_workers:
             counts = [m.num_workers]
         else:
-            every = range(1, hi + 1) if m.lockstep is False else efficient_counts(n, hi)  # first-finished: no critical path
+            every = efficient_counts(n, hi)
+            if m.lockstep is False:  # first-finished: no critical path; even shards, doubling (each a measurable step)
+                every = [p for p in every if n % p == 0 or p & (p - 1) == 0]
             counts = [p for p in every if p >= self.min_workers] or [self.min_workers]
-        out = [Config.inline()] if m.inline_ok and not m.fixed_workers and not m.fixed_threads else []
+        fits = self.costs is None or inline_fits(self.costs)
+        out = [Config.inline()] if m.inline_ok and fits and not m.fixed_workers and not m.fixed_threads else []
         for p in counts:
             threads = [max(1, m.threads)] if m.fixed_threads else efficient_threads(largest_shard(n, p), self.max_threads)
             out.extend(Config("process", p, t) for t in threads)
@@ -273,6 +294,36 @@ class MeasuredController:
 
     def _hold(self, cur: Config, why: str, measured: bool = True) -> Decision:
         return Decision(cur.processes, why, measured=measured, threads=cur.threads, placement=cur.placement)
+
+
+def inline_fits(costs: Costs) -> bool:
+    """Whether envs of this cost may step in this process: short steps (the loop-hold limit), mostly CPU."""
+    return costs.cpu_s + costs.wait_s <= INLINE_MAX_STEP_S and costs.waiting_share <= 0.5
+
+
+def plan_start(num_envs: int, cpu_s: float, wall_s: float, cpus: float, workers: int, max_threads: int = 32) -> tuple[int, int]:
+    """Processes and threads per process to start envs of this probed cost with, ``(workers, threads)``.
+
+    Envs that mostly wait: the configuration the cost model rates best (the fewest processes, then
+    threads, within 3% of the top; lock-step efficient counts only), which the controller then
+    measures. Other envs: ``workers`` (one per core at most) with one thread.
+
+    >>> plan_start(48, 1e-3, 11e-3, 2, 2)   # 1 ms CPU + 10 ms waiting: the GIL of 2 processes would bind
+    (4, 12)
+    >>> plan_start(64, 20e-6, 5e-3, 2, 2)   # nearly pure waiting: threads, few processes
+    (2, 32)
+    >>> plan_start(8, 1e-3, 1e-3, 2, 2)
+    (2, 1)
+    """
+    wait = max(0.0, wall_s - cpu_s)
+    if wall_s <= 0 or wait <= 0.5 * wall_s:
+        return workers, 1
+    costs = Costs(cpu_s, wait, 20e-6)
+    cands = [Config("process", p, t) for p in efficient_counts(num_envs) for t in efficient_threads(largest_shard(num_envs, p), max_threads)]
+    rated = [(predict(c, costs, num_envs, cpus), c) for c in cands]
+    top = max(x for x, _ in rated)
+    best = min((c for x, c in rated if x >= 0.97 * top), key=_resources)
+    return best.processes, best.threads
 
 
 def _neighbours(cur: Config, cands: list[Config]) -> set[Config]:

@@ -31,7 +31,7 @@ from .backends.base import Backend
 from .backends.inline import InlineBackend
 from .backends.process import ProcessBackend, get_context
 from .control import ControlLoop
-from .controller import AdaptiveController, Controller
+from .controller import Controller
 from .envtable import BROKEN, IDLE, READY, STEPPING, EnvTable
 from .errors import (
     AiovecError,
@@ -44,6 +44,7 @@ from .errors import (
 )
 from .infos import batch_infos
 from .machine import available_cpus
+from .measured import MeasuredController
 from .pool import WorkerPool
 from .shm import SharedBuffers
 from .spaces import ActionChecker, check_supported, get_row, put_row, put_rows, take
@@ -104,7 +105,8 @@ class AsyncVecEnv:
             killed and reported as crashed (``None``: no limit).
         close_timeout: grace period for workers to exit on ``close()`` before they are killed.
         controller: decides the worker count at run time (default with ``num_workers="auto"``:
-            :class:`~aiovec.AdaptiveController`; with an int: none, the count stays).
+            :class:`~aiovec.MeasuredController`, which also turns ``env_threads`` and the inline
+            rung; with an int: none, the count stays).
         max_restarts: how many worker deaths to survive (budget over the vector env's life).
             A new worker takes over the dead one's envs; each interrupted episode comes back
             as ``truncated=True`` with ``infos["worker_restarted"]``, and the env continues
@@ -120,7 +122,9 @@ class AsyncVecEnv:
             ``ray_options`` pass through to the actors' ``.options()`` (``num_cpus``, resources).
         env_threads: threads per worker that step a command's envs concurrently; worth it for
             envs that wait with the GIL released (I/O, sleeps, C simulators), useless for
-            pure-Python CPU-bound ones.
+            pure-Python CPU-bound ones. ``None`` (default): 1, or with ``num_workers="auto"`` the
+            controller's choice (it starts from a probe and adjusts at run time); any number,
+            1 included, fixes it.
         check_obs: validate every observation against the declared space in the worker and
             raise ``EnvError`` naming the env (default: on in Python's development mode,
             ``python -X dev``, or with ``AIOVEC_DEBUG=1``; off otherwise, it costs a check per step).
@@ -173,7 +177,7 @@ class AsyncVecEnv:
         backend: str = "process",
         ray_address: str | None = None,
         ray_options: dict[str, Any] | None = None,
-        env_threads: int = 1,
+        env_threads: int | None = None,
         check_obs: bool | None = None,
         placement: str = "auto",
     ) -> None:
@@ -211,7 +215,8 @@ class AsyncVecEnv:
                               "use placement='process' (the default with step_timeout)")
         if placement == "inline" and backend != "process":
             raise ConfigError(f"placement='inline' steps envs in this process; it does not combine with backend={backend!r}")
-        self.env_threads = _positive_int(env_threads, "env_threads")
+        self._env_threads_arg = env_threads  # None: not set by the user (the controller may turn it)
+        self.env_threads = 1 if env_threads is None else _positive_int(env_threads, "env_threads")
         if check_obs is None:
             check_obs = bool(sys.flags.dev_mode or os.environ.get("AIOVEC_DEBUG"))
         self._host_options = {"env_threads": self.env_threads, "check_obs": bool(check_obs)}
@@ -251,7 +256,7 @@ class AsyncVecEnv:
         self._closed = False
         self._all = np.arange(n)
         self._explicit_controller = controller
-        self.controller = controller if controller is not None else (AdaptiveController() if num_workers == "auto" else None)
+        self.controller = controller if controller is not None else (MeasuredController() if num_workers == "auto" else None)
         self._control: ControlLoop | None = None
         self._control_task: asyncio.Task | None = None
 
@@ -365,8 +370,9 @@ class AsyncVecEnv:
             if self._probe is None:
                 self._probe = await in_thread(self._probed)  # env 0's constructor may take seconds
             kind, workers = self._plan_placement()
-            self._host_options["measure_runq"] = self.controller is not None  # schedstat reads only for a controller
+            self._host_options["measure_runq"] = False  # the inline backend copies its options now: no schedstat reads here
             backend, inline = self._make_backends()
+            self._host_options["measure_runq"] = self.controller is not None  # worker processes: only for a controller
             pool = WorkerPool(backend, self._factories, self._stats, self._on_worker_lost, self.step_timeout,
                               self.max_restarts, self.restart_backoff, *self._recycle, inline=inline)
             pool.on_restart = self._on_worker_restarted
@@ -410,16 +416,16 @@ class AsyncVecEnv:
         workers = plan_workers(self.num_envs, cost, cpus) if auto else min(int(self._num_workers_arg), self.num_envs)
         if kind == "inline":
             workers = 1
-        if kind == "inline" and self._explicit_controller is None:
-            self.controller = None  # cheap envs in this process: nothing to turn (issue 13: the controller could)
-        elif auto and self._explicit_controller is None:
-            from .autoconf import plan_threads
-            from .measured import MeasuredController
+        if auto and self._explicit_controller is None:
+            from .measured import plan_start
 
-            self.controller = MeasuredController()  # controller v2: processes, threads per process, inline
-            self._env_threads_arg = self.env_threads
-            if self.env_threads == 1:  # not set by the user: start from the model's guess, the controller corrects it
-                self.env_threads = self._host_options["env_threads"] = plan_threads(self.num_envs, cost, cpus, workers)
+            # Controller v2 (processes, threads per process, the inline rung), also for an inline start:
+            # a cheap env that turns costly moves to processes, and back.
+            self.controller = MeasuredController()
+            if self._env_threads_arg is None and kind != "inline" and cost is not None:
+                # threads not set by the user: start where the model expects the best (corrected at run time)
+                workers, threads = plan_start(self.num_envs, cost.cpu_s, cost.wall_s, cpus, workers)
+                self.env_threads = self._host_options["env_threads"] = threads
         spin = self._spin_arg
         self._spin_s = spin_for(workers, cpus) if spin == "auto" else (SPIN_S if spin else 0.0)
         return kind, workers

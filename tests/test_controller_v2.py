@@ -157,3 +157,63 @@ def test_real_waiting_envs_auto_uses_threads_and_matches_a_process_per_env(clean
     assert auto >= 0.8 * static, f"auto {auto:.0f} vs 24 processes {static:.0f} steps/s; {trace}"
     assert all(h["lockstep"] in (True, None) for h in hist if h["measured"]), [h["lockstep"] for h in hist]
     assert_clean(clean)
+
+
+def test_env_threads_default_is_the_controllers_and_an_explicit_one_is_fixed(clean) -> None:
+    """``env_threads=None`` (the default) lets ``num_workers="auto"`` choose threads; any number, 1 included, fixes them."""
+    kw = {"wait_ms": 3.0, "episode_len": 20}
+
+    async def main() -> tuple[int, bool, int, bool, set[int]]:
+        async with aiovec.make("aiovec/Sleep-v0", 24, env_kwargs=kw) as venv:
+            await venv.reset(seed=0)
+            chosen, free = venv.env_threads, not venv._control.fixed_threads
+        async with aiovec.make("aiovec/Sleep-v0", 24, env_threads=1, env_kwargs=kw) as venv:
+            await venv.reset(seed=0)
+            await _rate(venv, 2.0)
+            seen = {h["threads"] for h in venv.control_history} | {h["target_threads"] or 1 for h in venv.control_history}
+            return chosen, free, venv.env_threads, venv._control.fixed_threads, seen
+
+    chosen, free, explicit, fixed, seen = aiovec.run(main())
+    assert chosen > 1 and free  # 24 waiting envs: threads from the start, and the controller may turn them
+    assert explicit == 1 and fixed and seen == {1}, seen
+    with pytest.raises(aiovec.ConfigError):
+        aiovec.make("aiovec/Sleep-v0", 2, env_threads=0)
+    assert_clean(clean)
+
+
+@pytest.mark.slow
+def test_inline_start_moves_to_processes_when_the_env_turns_costly_and_back(clean) -> None:
+    """Cheap envs start inline under the controller; 1 ms of CPU a step breaks the inline rung's loop-hold limit
+    (and one core's worth of throughput), so they move to processes; cheap again, they come back inline."""
+    cheap, costly = 2.0, 4.0
+    # Before start_time the schedule wraps to its last phase (cheap, like the first). The start time is in the
+    # env's kwargs, not set_attr: an env that moves to another worker is built again from them.
+    t0 = time.time() + 2.0
+    kw = {"schedule": [(cheap, 0.0, 0.0), (costly, 1.0, 0.0), (3600.0, 0.0, 0.0)], "start_time": t0, "episode_len": 10}
+
+    async def main() -> tuple[str, list[dict], float]:
+        async with aiovec.make("aiovec/PhaseChange-v0", 8, env_kwargs=kw) as venv:
+            await venv.reset(seed=0)
+            start = venv.placement
+            p0 = time.perf_counter() + (t0 - time.time())
+            acts = np.zeros(8, dtype=np.int64)
+            while time.time() - t0 < cheap + costly + 4.0:
+                await asyncio.wait_for(venv.step(acts), 30)
+            return start, list(venv.control_history), p0 - venv._stats.t0  # history times count from _stats.t0
+
+    start, hist, t_phase0 = aiovec.run(main())
+    trace = [(round(h["t"] - t_phase0, 2), h["config"], h["reason"][:90]) for h in hist]
+    assert start == "inline", trace
+    in_costly = [h for h in hist if cheap + 0.5 < h["t"] - t_phase0 < cheap + costly]
+    after = [h for h in hist if h["t"] - t_phase0 > cheap + costly + 2.5]
+    assert any(h["placement"] == "process" for h in in_costly), trace
+    assert after and after[-1]["placement"] == "inline", trace
+    # the loop-hold limit: never inline while a step costs 1 ms (once the controller has seen it)
+    moved_out = min(h["t"] for h in in_costly if h["placement"] == "process")
+    assert not [h for h in in_costly if h["t"] > moved_out and h["target_placement"] == "inline"], trace
+    # and processes paid: measured steps/s in the costly phase, inline vs processes (same run)
+    inline_x = [h["steps_per_s"] for h in in_costly if h["placement"] == "inline" and h["measured"]]
+    proc_x = [h["steps_per_s"] for h in in_costly if h["placement"] == "process" and h["measured"]]
+    if inline_x and proc_x:
+        assert max(proc_x) >= 1.1 * min(inline_x), trace
+    assert_clean(clean)

@@ -60,7 +60,7 @@ def test_inline_equals_sync_vector_env(run, clean, mode: AutoresetMode, env_id: 
 def test_auto_places_cheap_envs_inline_and_respects_opt_outs(run_uv, clean) -> None:
     async def main() -> None:
         async with aiovec.make("CartPole-v1", 4) as venv:  # num_workers="auto": cheap envs, few of them
-            assert venv.placement == "inline" and venv.controller is None
+            assert venv.placement == "inline" and isinstance(venv.controller, aiovec.MeasuredController)  # inline is one of its rungs
         async with aiovec.make("CartPole-v1", 4, step_timeout=5.0) as venv:  # a hung env must stay killable
             assert venv.placement == "process"
         async with aiovec.make("CartPole-v1", 4, placement="process") as venv:  # isolation asked for
