@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-SCENARIOS = ("cheap", "cpu", "latency", "stragglers", "change")
+SCENARIOS = ("cheap", "cpu", "wait64", "latency", "stragglers", "change")  # aiovec.demo.SCENARIOS (not imported: cheap --help)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -13,13 +13,13 @@ def parser() -> argparse.ArgumentParser:
     from . import __version__
 
     p = argparse.ArgumentParser(prog="aiovec", description="asyncio vector envs with adaptive parallelism",
-                                epilog="run 'aiovec demo' for the adaptive-parallelism demo (about 2 minutes on 2 cores)")
+                                epilog="run 'aiovec demo' for the adaptive-parallelism demo (about 3 minutes on 2 cores)")
     p.add_argument("--version", action="version", version=f"aiovec {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="{demo,bench}")
     d = sub.add_parser("demo", help="the adaptive controller against every static worker count",
                        description="Run each scenario with several static worker counts and with the adaptive "
                                    "controller; print a table and write a PNG and demo.json.")
-    d.add_argument("--quick", action="store_true", help="a short smoke run (default: off, the full run of ~2 minutes)")
+    d.add_argument("--quick", action="store_true", help="a short smoke run (default: off, the full run of ~3 minutes)")
     d.add_argument("--scenario", choices=SCENARIOS, default=None, help="run only this scenario (default: all of them)")
     d.add_argument("--max-workers", type=int, default=None, metavar="N",
                    help="upper bound for static and adaptive worker counts (default: the scenario's number of envs)")

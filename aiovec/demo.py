@@ -1,13 +1,17 @@
-"""``aiovec demo``: the adaptive controller against every static worker count, per scenario.
+"""``aiovec demo``: the adaptive controller (processes, threads per process, inline) against static settings.
 
-For each scenario it runs the env with several static worker counts and with
-the adaptive controller, all in this one process, the static runs split into
-halves before and after the adaptive one (so drift on a noisy machine favours
-neither side). A live terminal view (rich; plain lines when stdout is not a
-terminal) shows per scenario the worker count, steps/s and the controller's last
-reason. It ends with a table (adaptive vs the best static), ``demo.json`` and a
-PNG of worker count and throughput over time. ``--runs 3`` repeats the whole demo
-and reports the median of the runs with their range.
+The scenarios are those of ``python -m aiovec.bench controller`` (:mod:`aiovec.bench.controller`,
+one definition): cheap CartPoles, heavy CPU, many waiting envs (where threads win), latency-bound,
+stragglers (first-finished) and a change of cost (waiting, then CPU, then waiting). Per scenario it
+runs a short static sweep (:func:`~aiovec.bench.controller.demo_grid`, a subset of the benchmark's
+grid: inline, a process per core, with and without threads, a process per env), half of it before
+and half after the adaptive run so drift on a busy machine favours neither side, all in this one
+process and measured the same way (:func:`~aiovec.bench.controller.measure`: lock-step steps/s after
+a warm-up; the change of cost over its whole schedule). A live terminal view (rich; plain lines when
+stdout is not a terminal) shows per scenario the configuration, steps/s and the controller's last
+reason. It ends with a table (adaptive vs the best static), ``demo.json`` and a PNG of processes and
+threads over time. ``--runs 3`` repeats the whole demo and reports the median of the runs with their
+range. About 3 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -18,94 +22,28 @@ import os
 import shutil
 import sys
 import textwrap
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .controller import AdaptiveController
+from .bench.controller import Scenario, demo_grid, measure, scenarios
+from .configs import Config
 from .loop import run
 from .machine import available_cpus
-from .vecenv import AsyncVecEnv
+
+PHASE_S = 3.0
+"""Length of each phase of the change-of-cost scenario in the full demo (quick: 1.5 s)."""
+
+SCENARIOS = tuple(s.key for s in scenarios() if s.demo)
 
 
-@dataclass
-class Scenario:
-    key: str
-    title: str
-    env_id: str
-    num_envs: int
-    statics: list[int]
-    kwargs: dict = field(default_factory=dict)
-    phase_s: float = 0.0  # > 0: a mid-run change of env cost, phases of this length
+def demo_scenarios(quick: bool = False) -> list[Scenario]:
+    """The benchmark's scenarios that the demo runs."""
+    return [s for s in scenarios(quick, phase_s=None if quick else PHASE_S) if s.demo]
 
 
-def scenarios(quick: bool, max_workers: int | None) -> list[Scenario]:
-    c = available_cpus()
-    out = [
-        Scenario("cheap", "cheap CPU-bound (CartPole-v1)", "CartPole-v1", 16, [1, 2, 4]),
-        Scenario("cpu", "heavy CPU-bound (1 ms CPU/step)", "aiovec/Busy-v0", 8, [1, c, 2 * c, 8], {"episode_len": 50}),
-        Scenario("latency", "latency-bound (1 ms CPU + 10 ms wait)", "aiovec/Sleep-v0", 48, [c, 4 * c, 12 * c, 48],
-                 {"cpu_ms": 1.0, "wait_ms": 10.0, "episode_len": 50}),
-        Scenario("stragglers", "stragglers (90% 0.5 ms, 10% 5 ms CPU)", "aiovec/Straggler-v0", 8, [1, c, 2 * c, 8], {"episode_len": 50}),
-        Scenario("change", "mid-run change (latency -> CPU -> latency)", "aiovec/PhaseChange-v0", 32, [c, 4 * c, 32],
-                 {"episode_len": 25}, phase_s=1.0 if quick else 3.0),
-    ]
-    for s in out:
-        s.statics = sorted({min(max(1, n), s.num_envs, max_workers or s.num_envs) for n in s.statics})
-    return out
-
-
-def _env_kwargs(s: Scenario) -> dict:
-    kw = dict(s.kwargs)
-    if s.phase_s:
-        kw["schedule"] = [(s.phase_s, 1.0, 10.0), (s.phase_s, 1.0, 0.0)]
-        kw["start_time"] = time.time()
-    return kw
-
-
-async def _run(s: Scenario, num_workers: int | str, duration: float, max_workers: int | None, view: View | None) -> dict[str, Any]:
-    from .make import make
-
-    controller = AdaptiveController(max_workers=max_workers) if num_workers == "auto" else None
-    venv: AsyncVecEnv = make(s.env_id, s.num_envs, num_workers=num_workers, controller=controller, env_kwargs=_env_kwargs(s))
-    async with venv:
-        await venv.reset(seed=0)
-        n, k = s.num_envs, max(1, s.num_envs // 2)
-        acts = np.zeros(n, dtype=np.int64)
-        venv.send(acts)
-        t0 = time.perf_counter()
-        steps = 0
-        timeline: list[tuple[float, int]] = []
-        shown = 0
-        while (now := time.perf_counter()) - t0 < duration:
-            r = await venv.recv(k)
-            steps += len(r.env_ids)
-            timeline.append((now - t0, steps))
-            venv.send(acts[: len(r.env_ids)], r.env_ids)
-            hist = venv.control_history
-            if view is not None and len(hist) > shown:
-                shown = len(hist)
-                view.interval(s.key, hist[-1])
-        elapsed = time.perf_counter() - t0
-        await venv.drain()
-        hist = list(venv.control_history)
-        cost = venv._control.cost_s if venv._control is not None else 0.0
-        final_workers = venv.num_workers
-    # steady state: the second half of the run (what a long run would see once settled)
-    half = [(t, c) for t, c in timeline if t >= elapsed / 2]
-    steady = (half[-1][1] - half[0][1]) / (half[-1][0] - half[0][0]) if len(half) > 1 else steps / elapsed
-    return {"workers": num_workers, "steps_per_s": steps / elapsed, "steady_steps_per_s": steady, "history": hist,
-            "final_workers": final_workers, "controller_cpu_s": cost, "elapsed_s": elapsed}
-
-
-def _sweep(s: Scenario, duration: float, max_workers: int | None, key: str, samples: dict[int, list[float]], view: View) -> None:
-    """One run per static worker count, its ``key`` rate appended to ``samples[workers]``."""
-    for w in s.statics:
-        view.static_start(s.key, w)
-        samples[w].append(run(_run(s, w, duration, max_workers, view=None))[key])
-        view.static_done(s.key, w, samples[w][-1])
+def _label(h: dict) -> str:
+    return str(h.get("config") or f"{h['workers']}p")
 
 
 class View:
@@ -126,17 +64,17 @@ class View:
     def scenario_start(self, s: Scenario, text: str) -> None:
         self.say(f"== {s.title}: {text}", indent="")
 
-    def static_start(self, key: str, workers: int) -> None:
+    def static_start(self, key: str, setting: str) -> None:
         pass
 
-    def static_done(self, key: str, workers: int, rate: float) -> None:
-        self.say(f"static {workers} workers: {rate:.0f} steps/s")
+    def static_done(self, key: str, setting: str, rate: float) -> None:
+        self.say(f"static {setting}: {rate:.0f} steps/s")
 
     def adaptive_start(self, key: str, seconds: float) -> None:
         self.say(f"adaptive ({seconds:.0f} s):")
 
     def interval(self, key: str, h: dict) -> None:
-        self.say(f"t={h['t']:5.1f}s  workers {h['workers']:3d}  {h['steps_per_s']:8.0f} steps/s  "
+        self.say(f"t={h['t']:5.1f}s  {_label(h):>9}  {h['steps_per_s']:8.0f} steps/s  "
                  f"p50 {1e3 * h['latency_p50_s']:.2f} ms  | {h['reason']}", indent="    ")
 
     def scenario_done(self, key: str, text: str, ad: dict) -> None:
@@ -167,7 +105,7 @@ class LiveView(View):
         t = Table(title=self.header or None, title_justify="left", expand=True, show_lines=True)
         t.add_column("scenario", ratio=3, overflow="fold")
         t.add_column("now", ratio=3)
-        t.add_column("workers", justify="right", no_wrap=True)
+        t.add_column("processes x threads", justify="right", no_wrap=True)
         t.add_column("steps/s", justify="right", no_wrap=True)
         t.add_column("controller's last reason", ratio=6)
         for key, r in self.rows.items():
@@ -191,22 +129,22 @@ class LiveView(View):
     def scenario_start(self, s: Scenario, text: str) -> None:
         self._show(s.key, state=text)
 
-    def static_start(self, key: str, workers: int) -> None:
-        self._show(key, state=f"static sweep: {workers} workers", workers=str(workers), rate="", reason="")
+    def static_start(self, key: str, setting: str) -> None:
+        self._show(key, state=f"static sweep: {setting}", workers=setting, rate="", reason="")
 
-    def static_done(self, key: str, workers: int, rate: float) -> None:
+    def static_done(self, key: str, setting: str, rate: float) -> None:
         self._show(key, rate=f"{rate:,.0f}")
 
     def adaptive_start(self, key: str, seconds: float) -> None:
         self._show(key, state=f"adaptive ({seconds:.0f} s)", workers="", rate="", reason="starting")
 
     def interval(self, key: str, h: dict) -> None:
-        self._show(key, state=f"adaptive, t = {h['t']:.1f} s", workers=str(h["workers"]), rate=f"{h['steps_per_s']:,.0f}",
+        self._show(key, state=f"adaptive, t = {h['t']:.1f} s", workers=_label(h), rate=f"{h['steps_per_s']:,.0f}",
                    reason=h["reason"])
 
     def scenario_done(self, key: str, text: str, ad: dict) -> None:
         last = ad["history"][-1]["reason"] if ad["history"] else ""
-        self._show(key, state=text, workers=str(ad["final_workers"]), rate=f"{ad[ad['measure']]:,.0f}", reason=last)
+        self._show(key, state=text, workers=ad["final"], rate=f"{ad['steps_per_s']:,.0f}", reason=last)
 
     def close(self) -> None:
         self.live.stop()
@@ -226,9 +164,10 @@ def run_demo(quick: bool = False, only: str | None = None, max_workers: int | No
              live: bool = True, runs: int = 1) -> dict:
     """Run the demo ``runs`` times; write ``demo.json`` (before plotting) and ``adaptive.png`` under ``output``."""
     _require_matplotlib()  # before minutes of measuring, not after
-    chosen = [s for s in scenarios(quick, max_workers) if only in (None, s.key)]
+    every = demo_scenarios(quick)
+    chosen = [s for s in every if only in (None, s.key)]
     if not chosen:
-        raise SystemExit(f"unknown scenario {only!r}; choose from {[s.key for s in scenarios(quick, max_workers)]}")
+        raise SystemExit(f"unknown scenario {only!r}; choose from {[s.key for s in every]}")
     print(f"aiovec adaptive-parallelism demo on {available_cpus()} CPUs ({'quick' if quick else 'full'} run"
           f"{f', {runs} runs' if runs > 1 else ''})", flush=True)
     os.makedirs(output, exist_ok=True)
@@ -251,36 +190,42 @@ def run_demo(quick: bool = False, only: str | None = None, max_workers: int | No
     return data
 
 
+def _sweep(s: Scenario, settings: list[Config], warm: float, seconds: float, static: dict[str, float], view: View) -> None:
+    """One run per static setting, its steps/s into ``static[label]``."""
+    for c in settings:
+        view.static_start(s.key, c.label)
+        static[c.label] = run(measure(s, c, warm, seconds))["steps_per_s"]
+        view.static_done(s.key, c.label, static[c.label])
+
+
 def _one_run(chosen: list[Scenario], quick: bool, max_workers: int | None, view: View) -> dict[str, Any]:
-    statics_s = 1.0 if quick else 2.5
-    adaptive_s = 2.5 if quick else 7.0
+    warm_static, seconds = (0.3, 1.0) if quick else (0.5, 1.5)
+    warm_auto, seconds_auto = (2.0, 1.0) if quick else (3.0, 2.5)
+    cpus = available_cpus()
     results: dict[str, Any] = {}
     for s in chosen:
-        # Static runs are split around the adaptive one (half before, half after) and averaged, so a
-        # machine that gets busier or quieter during the scenario does not favour either side. A
-        # mid-run-change scenario's static runs must each cover the whole schedule, so they run once.
-        rounds = 1 if s.phase_s else 2
-        dur = 3 * s.phase_s if s.phase_s else statics_s / rounds
-        view.scenario_start(s, f"{s.num_envs} envs; static sweep {s.statics} "
-                               f"({dur * rounds:.1f} s each{', half before and half after the adaptive run' if rounds > 1 else ''})")
-        key = "steps_per_s" if s.phase_s else "steady_steps_per_s"  # same measure for static and adaptive
-        samples: dict[int, list[float]] = {w: [] for w in s.statics}
-        _sweep(s, dur, max_workers, key, samples, view)
-        ad_dur = 3 * s.phase_s if s.phase_s else adaptive_s
-        view.adaptive_start(s.key, ad_dur)
-        ad = run(_run(s, "auto", ad_dur, max_workers, view=view))
-        if rounds > 1:
-            _sweep(s, dur, max_workers, key, samples, view)
-        static = {w: float(np.mean(v)) for w, v in samples.items()}
-        best_w = max(static, key=static.__getitem__)
-        best = static[best_w]
-        ratio = ad[key] / best
-        view.scenario_done(s.key, f"done: adaptive {ad[key]:,.0f} steps/s = {ratio:.2f}x the best static "
-                                  f"({best_w} workers: {best:,.0f}); ends at {ad['final_workers']} workers",
-                           {**ad, "measure": key})
-        results[s.key] = {"title": s.title, "num_envs": s.num_envs, "static": static, "static_samples": samples,
-                          "best_static_workers": best_w, "adaptive": ad, "ratio": ratio, "measure": key,
-                          "phase_s": s.phase_s, "static_s": dur * rounds, "adaptive_s": ad_dur}
+        grid = demo_grid(s, cpus, max_workers)
+        whole = sum(p[0] for p in s.phases) if s.phases else 0.0
+        view.scenario_start(s, f"{s.num_envs} envs, {'lock-step' if s.lockstep else 'first-finished'}; static sweep "
+                               f"{', '.join(c.label for c in grid)} (half before and half after the adaptive run)")
+        static: dict[str, float] = {}
+        half = len(grid) // 2
+        _sweep(s, grid[:half], warm_static, whole or seconds, static, view)
+        view.adaptive_start(s.key, whole or warm_auto + seconds_auto)
+        a = run(measure(s, "auto", warm_auto, whole or seconds_auto, on_interval=lambda h, k=s.key: view.interval(k, h),
+                        max_workers=max_workers))
+        _sweep(s, grid[half:], warm_static, whole or seconds, static, view)
+        static = {c.label: static[c.label] for c in grid}
+        best = max(static, key=static.__getitem__)
+        ratio = a["steps_per_s"] / static[best]
+        final = "inline" if a["placement"] == "inline" else f"{a['processes']}p x {a['threads']}t"
+        ad = {"steps_per_s": a["steps_per_s"], "history": a["history"], "final": final, "controller_cpu_s": a["controller_cpu_s"],
+              "warm_s": a["warm_s"], "measure_s": a["measure_s"], "schedule_start_s": a["schedule_start_s"]}
+        view.scenario_done(s.key, f"done: adaptive {a['steps_per_s']:,.0f} steps/s = {ratio:.2f}x the best static "
+                                  f"({best}: {static[best]:,.0f}); ends at {final}", ad)
+        results[s.key] = {"title": s.title, "num_envs": s.num_envs, "lockstep": s.lockstep, "static": static,
+                          "best_static": best, "adaptive": ad, "ratio": ratio, "whole_run": bool(s.phases),
+                          "phases": s.phases}
     return results
 
 
@@ -302,20 +247,20 @@ def _table(data: dict) -> str:
     runs = _runs(data)
     n = len(runs)
     head = (f"{n} runs of `aiovec demo`; median [min–max] over the runs. " if n > 1 else "One run of `aiovec demo`. ") + (
-        "Static sweep: the same env with a fixed worker count, each count run half before and half after the adaptive run "
-        "(the mid-run change: once, over the whole schedule); best static: the fastest of them, in that run. Ratio: adaptive steps/s (steady state: second half of its run; "
-        "whole run for the mid-run change) over the best static's.")
+        "Static sweep: the same env at fixed settings (processes x threads per process, or inline), half of them "
+        "before and half after the adaptive run; best static: the fastest of them, in that run. Steps/s in lock-step "
+        "(stragglers: first-finished, half the envs per recv) after a warm-up; the change of cost over its whole "
+        "schedule, static and adaptive alike. The full grid and the targets: `python -m aiovec.bench controller`.")
     lines = [head, "",
-             "| scenario | envs | static sweep (workers: steps/s) | best static workers | adaptive steps/s | adaptive / best static | adaptive workers at end |",
+             "| scenario | envs | static sweep (setting: steps/s) | best static | adaptive steps/s | adaptive / best static | adaptive at end |",
              "|---|---|---|---|---|---|---|"]
     for key, first in runs[0].items():
         per = [r[key] for r in runs if key in r]
-        workers = sorted(per[0]["static"], key=int)
-        sweep = ", ".join(f"{w}: {np.median([p['static'][w] for p in per]):.0f}" for w in workers)
-        best = "/".join(str(p["best_static_workers"]) for p in per)
-        adaptive = _span([p["adaptive"][p["measure"]] for p in per], "{:.0f}")
+        sweep = ", ".join(f"{c}: {np.median([p['static'][c] for p in per if c in p['static']]):.0f}" for c in first["static"])
+        best = "/".join(str(p["best_static"]) for p in per)
+        adaptive = _span([p["adaptive"]["steps_per_s"] for p in per], "{:.0f}")
         ratio = _span([p["ratio"] for p in per], "{:.2f}x")
-        ends = "/".join(str(p["adaptive"]["final_workers"]) for p in per)
+        ends = "/".join(str(p["adaptive"]["final"]) for p in per)
         lines.append(f"| {first['title']} | {first['num_envs']} | {sweep} | {best} | {adaptive} | {ratio} | {ends} |")
     return "\n".join(lines)
 
@@ -326,7 +271,7 @@ def _median_run(runs: list[dict], key: str) -> dict:
 
 
 def _plot(data: dict, path: str) -> None:
-    """One panel per scenario (its median run): adaptive workers and steps/s over time against the best static."""
+    """One panel per scenario (its median run): adaptive processes, threads per process and steps/s over time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -336,41 +281,51 @@ def _plot(data: dict, path: str) -> None:
 
     runs = _runs(data)
     keys = list(runs[0])
-    fig, axes = plt.subplots(len(keys), 1, figsize=(10, 2.9 * len(keys) + 1.6), squeeze=False)
+    fig, axes = plt.subplots(len(keys), 1, figsize=(10, 2.7 * len(keys) + 1.6), squeeze=False)
     for ax, key in zip(axes[:, 0], keys, strict=True):
         r = _median_run(runs, key)
         h = r["adaptive"]["history"]
         t = [x["t"] for x in h]
-        ax.step(t, [x["workers"] for x in h], where="post", color="tab:blue", lw=2)
-        ax.axhline(r["best_static_workers"], color="tab:blue", ls=":", lw=1.5)
-        ax.set_ylabel("workers", color="tab:blue")
+        inline = [x.get("placement") == "inline" for x in h]
+        procs = [0 if il else x["workers"] for x, il in zip(h, inline, strict=True)]
+        threads = [1 if il else x.get("threads", 1) for x, il in zip(h, inline, strict=True)]
+        ax.step(t, procs, where="post", color="tab:blue", lw=2)
+        ax.step(t, threads, where="post", color="tab:green", lw=1.5, ls="--")
+        for x0, il in zip(t, inline, strict=True):
+            if il:
+                ax.axvspan(x0 - 0.12, x0 + 0.12, color="tab:blue", alpha=0.08, lw=0)
+        ax.set_ylabel("processes / threads")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylim(0, max([x["workers"] for x in h] + [r["best_static_workers"]]) * 1.15 + 0.5)
+        ax.set_ylim(0, max(procs + threads + [1]) * 1.15 + 0.5)
         ax2 = ax.twinx()
-        ax2.plot(t, [x["steps_per_s"] for x in h], color="tab:orange", lw=1.5)
-        ax2.axhline(max(r["static"].values()), color="tab:orange", ls="--", lw=1.2)
+        ax2.plot(t, [x["steps_per_s"] for x in h], color="tab:orange", lw=1.2)
+        ax2.axhline(max(r["static"].values()), color="tab:orange", ls=":", lw=1.2)
         ax2.set_ylabel("steps/s", color="tab:orange")
         ax2.set_ylim(0, max([x["steps_per_s"] for x in h] + list(r["static"].values())) * 1.15)
-        phase = float(r.get("phase_s") or 0.0)
-        if phase and t:
-            for k, what in ((1, "→ CPU-bound"), (2, "→ waiting again")):
-                if k * phase <= max(t):
-                    ax.axvline(k * phase, color="grey", lw=1, ls="-.")
-                    ax.annotate(what, (k * phase, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
+        start = r["adaptive"].get("schedule_start_s")
+        if r.get("phases") and start is not None and t:
+            edge = start
+            for k, (dur, cpu, wait) in enumerate(r["phases"]):
+                what = f"{cpu:g} ms CPU" if cpu else f"waiting {wait:g} ms"
+                if edge <= max(t):
+                    ax.axvline(edge, color="grey", lw=1, ls="-.")
+                    ax.annotate(("" if k == 0 else "→ ") + what, (edge, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
                                 textcoords="offset points", fontsize=8, color="dimgrey")
-        sweep = ", ".join(f"{w}: {v:,.0f}" for w, v in sorted(r["static"].items(), key=lambda kv: int(kv[0])))
-        ax.set_title(f"{r['title']}, {r['num_envs']} envs: adaptive {r['ratio']:.2f}x best static "
-                     f"({r['best_static_workers']} workers)\nstatic sweep, steps/s: {sweep}", fontsize=9, loc="left")
-    axes[-1, 0].set_xlabel("seconds since the adaptive run started")
-    handles = [Line2D([], [], color="tab:blue", lw=2), Line2D([], [], color="tab:blue", ls=":", lw=1.5),
-               Line2D([], [], color="tab:orange", lw=1.5), Line2D([], [], color="tab:orange", ls="--", lw=1.2),
+                edge += dur
+        sweep = ", ".join(f"{c}: {v:,.0f}" for c, v in r["static"].items())
+        ax.set_title(f"{r['title']}, {r['num_envs']} envs: adaptive {r['ratio']:.2f}x best static ({r['best_static']}); "
+                     f"ends at {r['adaptive']['final']}\nstatic sweep, steps/s: {sweep}", fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("seconds since the adaptive run's vector env started (shaded: envs inline, 0 processes)")
+    handles = [Line2D([], [], color="tab:blue", lw=2), Line2D([], [], color="tab:green", lw=1.5, ls="--"),
+               Line2D([], [], color="tab:orange", lw=1.2), Line2D([], [], color="tab:orange", ls=":", lw=1.2),
                Line2D([], [], color="grey", ls="-.", lw=1)]
-    labels = ["adaptive: workers", "best static: workers", "adaptive: steps/s", "best static: steps/s", "env cost changes"]
+    labels = ["adaptive: processes", "adaptive: threads per process", "adaptive: steps/s", "best static: steps/s",
+              "env cost changes"]
     fig.legend(handles, labels, loc="upper center", ncol=5, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 1.0))
     n = len(runs)
-    caption = ("Static sweep: each scenario run with a fixed worker count per listed value; best static = the fastest of them. "
-               "Ratio = adaptive steps/s (steady state: second half of its run; whole run for the mid-run change) "
-               "/ best static steps/s." + (f" Each panel: the median of {n} runs by ratio." if n > 1 else ""))
+    caption = ("Static sweep: each scenario at a few fixed settings (processes x threads, inline); best static = the fastest. "
+               "Ratio = adaptive steps/s (after its warm-up; whole run for the change of cost) / best static steps/s."
+               + (f" Each panel: the median of {n} runs by ratio." if n > 1 else ""))
     fig.text(0.01, 0.005, textwrap.fill(caption, 150), fontsize=7.5, va="bottom", ha="left")
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     fig.savefig(path, dpi=100)

@@ -82,9 +82,9 @@ class MeasuredController:
     >>> ctrl = aiovec.MeasuredController()
     >>> m = aiovec.Measurement(interval_s=1.0, num_workers=2, num_envs=64, steps=400, cpu_per_step=20e-6,
     ...                        blocked_per_step=5e-3, runq_per_step=0.0, main_cpu_per_step=20e-6, demand=1.0, cpus=2)
-    >>> first, second = ctrl.decide(m), ctrl.decide(m)   # no single interval decides
-    >>> first.reason
-    'measuring 2p x 1t: 400 steps/s (1/2)'
+    >>> warm, first, second = ctrl.decide(m), ctrl.decide(m), ctrl.decide(m)   # no single interval decides
+    >>> warm.reason, first.reason
+    ('warming up 2p x 1t: 400 steps/s not counted', 'measuring 2p x 1t: 400 steps/s (1/2)')
     >>> (second.target, second.threads)   # 64 waiting envs: two processes, a thread per env
     (2, 32)
     """
@@ -117,7 +117,7 @@ class MeasuredController:
         self._skips = 0
         self._here: Config | None = None  # configuration of the last measured interval
         self._visit: list[float] = []  # steps/s since arriving at it
-        self._drop_first = False
+        self._drop_first = True  # the first interval: workers and caches warm up, the host settles after start-up
         self._base: tuple[Config, float] | None = None  # what the last move left, and its measured steps/s
         self._jumps = 0
         self._probes_left = probes

@@ -23,11 +23,26 @@ def test_demo_quick_writes_png_and_results(tmp_path) -> None:
     png = out / "adaptive.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and os.path.getsize(png) > 10_000
     r = json.loads((out / "demo.json").read_text())["cpu"]
-    static = {int(w): v for w, v in r["static"].items()}
-    assert sorted(static) == [1, 2, 4, 8]
-    assert r["best_static_workers"] == max(static, key=static.__getitem__)
-    assert r["ratio"] == pytest.approx(r["adaptive"][r["measure"]] / static[r["best_static_workers"]])
-    assert r["adaptive"]["history"] and all(1 <= h["workers"] <= 8 for h in r["adaptive"]["history"])
+    assert list(r["static"]) == ["inline", "2p x 1t", "8p x 1t"]  # demo_grid on 2 cores: inline, a process per core, per env
+    assert r["best_static"] == max(r["static"], key=r["static"].__getitem__)
+    assert r["ratio"] == pytest.approx(r["adaptive"]["steps_per_s"] / r["static"][r["best_static"]])
+    hist = r["adaptive"]["history"]
+    assert hist and all(1 <= h["workers"] <= 8 and h["threads"] >= 1 for h in hist)  # processes and threads over time
+
+
+def test_demo_runs_the_benchmarks_scenarios() -> None:
+    """One definition: the demo's scenarios are the controller benchmark's, and the CLI offers exactly them."""
+    from aiovec import cli, demo
+    from aiovec.bench import controller as bench
+
+    assert all(type(s) is bench.Scenario for s in demo.demo_scenarios())
+    keys = [s.key for s in demo.demo_scenarios()]
+    assert tuple(keys) == demo.SCENARIOS == cli.SCENARIOS
+    assert {"wait64", "change"} <= set(keys)  # many waiting envs (threads win) and a change of cost
+    change = next(s for s in demo.demo_scenarios() if s.key == "change")
+    assert [p[1:] for p in change.phases] == [p[1:] for p in next(s for s in bench.scenarios() if s.key == "change").phases]
+    wait64 = next(s for s in demo.demo_scenarios() if s.key == "wait64")
+    assert any(c.threads > 1 for c in bench.demo_grid(wait64, 2))
 
 
 def test_demo_without_matplotlib_says_what_to_install_before_running(tmp_path) -> None:
@@ -44,9 +59,10 @@ def test_table_shows_median_and_range_of_runs() -> None:
     from aiovec.demo import _table
 
     def one(ratio: float, rate: float) -> dict:
-        return {"cpu": {"title": "heavy", "num_envs": 8, "static": {"1": 900.0, "2": 1000.0}, "best_static_workers": 2,
-                        "adaptive": {"steady_steps_per_s": rate, "final_workers": 2}, "ratio": ratio, "measure": "steady_steps_per_s"}}
+        return {"cpu": {"title": "heavy", "num_envs": 8, "static": {"inline": 900.0, "2p x 1t": 1000.0}, "best_static": "2p x 1t",
+                        "adaptive": {"steps_per_s": rate, "final": "2p x 1t"}, "ratio": ratio}}
 
     table = _table({"runs": [one(0.9, 900.0), one(1.0, 1000.0), one(0.7, 700.0)]})
     assert "3 runs" in table
-    assert "| heavy | 8 | 1: 900, 2: 1000 | 2/2/2 | 900 [700–1000] | 0.90x [0.70x–1.00x] | 2/2/2 |" in table
+    assert ("| heavy | 8 | inline: 900, 2p x 1t: 1000 | 2p x 1t/2p x 1t/2p x 1t | 900 [700–1000] | 0.90x [0.70x–1.00x] | "
+            "2p x 1t/2p x 1t/2p x 1t |") in table

@@ -9,16 +9,24 @@ adaptive / best static, per round (against that round's best) and of the medians
 
 Every run starts its own vector env, steps ``warm`` seconds uncounted (the adaptive run
 gets longer: it must converge there, within 10 control intervals) and then counts
-``measure`` seconds. A scenario whose env cost changes counts the whole schedule from the
-first step, for static and adaptive alike.
+``measure`` seconds. A scenario whose env cost changes counts the whole schedule from its
+start, for static and adaptive alike; the schedule's start time is in the envs' kwargs (an env
+that moves to another worker is built again from them), a few seconds after the vector env is
+made, so it starts when the run is ready. Its re-adaptation is counted per change of cost: control
+intervals from the change until the configuration stops changing in that phase.
+
+The demo (``aiovec demo``) runs these same scenarios (those marked ``demo``) against a short
+static sweep (:func:`demo_grid`), through :func:`measure`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,15 +49,17 @@ class Scenario:
     lockstep: bool = True  # step() for all envs; False: recv(num_envs // 2) first-finished
     phases: list[tuple[float, float, float]] | None = None  # (seconds, cpu_ms, wait_ms): a cost that changes
     max_processes_share: float | None = None  # target: adaptive uses at most this share of num_envs as processes
+    demo: bool = True  # one of ``aiovec demo``'s scenarios
 
 
-def scenarios(quick: bool = False) -> list[Scenario]:
-    """The demo's cases and the issue's: cheap, heavy CPU, waiting (24 and 64 envs), latency-bound, stragglers, a change of cost."""
-    ph = 1.5 if quick else 4.0
+def scenarios(quick: bool = False, phase_s: float | None = None) -> list[Scenario]:
+    """The demo's cases and the issue's: cheap, heavy CPU, waiting (24 and 64 envs), latency-bound, stragglers, a change
+    of cost (phases of ``phase_s`` seconds; default 4, quick 1.5)."""
+    ph = phase_s or (1.5 if quick else 4.0)
     return [
         Scenario("cheap", "cheap CPU-bound (CartPole-v1)", "CartPole-v1", 16),
         Scenario("cpu", "heavy CPU-bound (1 ms CPU/step)", "aiovec/Busy-v0", 8, {"episode_len": 50}),
-        Scenario("wait24", "waiting 3 ms/step", "aiovec/Sleep-v0", 24, {"wait_ms": 3.0, "episode_len": 50}, waiting=True),
+        Scenario("wait24", "waiting 3 ms/step", "aiovec/Sleep-v0", 24, {"wait_ms": 3.0, "episode_len": 50}, waiting=True, demo=False),
         Scenario("wait64", "many waiting envs (5 ms/step)", "aiovec/Sleep-v0", 64, {"wait_ms": 5.0, "episode_len": 50},
                  waiting=True, max_processes_share=0.25),
         Scenario("latency", "latency-bound (1 ms CPU + 10 ms wait)", "aiovec/Sleep-v0", 48,
@@ -61,33 +71,53 @@ def scenarios(quick: bool = False) -> list[Scenario]:
     ]
 
 
+PHASE_LEAD_S = 3.0
+"""A changing env's schedule starts this long after the vector env is made (start-up and reset fit in it)."""
+
+
 def _env_kwargs(s: Scenario, start: float) -> dict:
     kw = dict(s.kwargs)
     if s.phases:
+        # Before ``start`` the schedule wraps to its last phase: the same cost as the first one.
         kw["schedule"] = [*s.phases, (3600.0, *s.phases[-1][1:])]  # the last phase lasts past the run
         kw["start_time"] = start
     return kw
 
 
-async def measure(s: Scenario, setting: Config | str, warm: float, seconds: float) -> dict[str, Any]:
-    """Steps/s of one setting (a static :class:`Config`, or ``"auto"``) over ``seconds`` after ``warm`` uncounted."""
-    from ..make import make
+async def measure(s: Scenario, setting: Config | str, warm: float, seconds: float,
+                  on_interval: Callable[[dict], None] | None = None, max_workers: int | None = None) -> dict[str, Any]:
+    """Steps/s of one setting (a static :class:`Config`, or ``"auto"``) over ``seconds`` after ``warm`` uncounted.
 
-    start = time.time() + 3600.0  # a changing env holds its first phase until the counted run starts
+    A changing env (``s.phases``) is counted from its schedule's start, ``warm`` ignored. ``on_interval``
+    is called with each new control-history entry (the demo's live view); ``max_workers`` bounds the
+    adaptive controller's processes.
+    """
+    from ..make import make
+    from ..measured import MeasuredController
+
+    start = time.time() + PHASE_LEAD_S
     if isinstance(setting, Config):
         opts: dict[str, Any] = {"num_workers": setting.processes, "env_threads": setting.threads, "placement": setting.placement}
     else:
         opts = {"num_workers": "auto"}
+        if max_workers is not None:
+            opts["controller"] = MeasuredController(max_workers=max_workers)
     kw = _env_kwargs(s, start)
     venv = make(s.env_id, s.num_envs, env_kwargs=kw, **opts)
     n = s.num_envs
     acts = np.zeros(n, dtype=np.int64)
     async with venv:
-        if s.phases:  # the schedule starts with the first counted step: set it on every env
-            await venv.set_attr("start_time", time.time() + warm)
         await venv.reset(seed=0)
+        late = 0.0
+        if s.phases:  # count the whole schedule, from its start
+            wait = start - time.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            late, warm = max(0.0, -wait), 0.0
+            seconds = max(0.5, seconds - late)
         t0 = time.perf_counter()
-        counted = 0
+        phase0 = t0 - late - venv._stats.t0  # the schedule's start on the control history's clock
+        counted, shown = 0, 0
         t_count = t0 + warm
         if not s.lockstep:
             venv.send(acts)
@@ -106,13 +136,42 @@ async def measure(s: Scenario, setting: Config | str, warm: float, seconds: floa
                 counted += k
             elif time.perf_counter() >= t_count:
                 t_count = time.perf_counter()
+            if on_interval is not None and len(venv.control_history) > shown:
+                shown = len(venv.control_history)
+                on_interval(venv.control_history[-1])
         elapsed = time.perf_counter() - t_count
         if not s.lockstep:
             await venv.drain()
         hist = list(venv.control_history)
         out = {"steps_per_s": counted / elapsed, "processes": venv._pool.num_processes if venv._pool else 0,
                "threads": venv.env_threads, "placement": venv.placement, "history": hist,
-               "warm_s": warm, "measure_s": elapsed, "controller_cpu_s": venv._control.cost_s if venv._control else 0.0}
+               "warm_s": warm, "measure_s": elapsed, "controller_cpu_s": venv._control.cost_s if venv._control else 0.0,
+               "schedule_start_s": phase0 if s.phases else None, "late_s": late}
+    return out
+
+
+def demo_grid(s: Scenario, cpus: int, max_processes: int | None = None) -> list[Config]:
+    """The demo's short static sweep, a subset of :func:`~aiovec.configs.static_grid`: inline (where envs do not
+    wait), one process per core, a process per env (the v1 answer), and where envs wait the per-core processes
+    with the most threads of the grid and the grid's setting of ``num_envs / 8`` processes with threads."""
+    grid = static_grid(s.num_envs, s.waiting, max_processes=max_processes)
+    procs = sorted({c.processes for c in grid if c.placement == "process"})
+
+    def near(p: float) -> int:
+        return min(procs, key=lambda q: (abs(q - p), -q))
+
+    want: list[Config] = [] if s.waiting else [Config.inline()]
+    core = near(cpus)
+    want.append(Config("process", core, 1))
+    if s.waiting:
+        want.append(max((c for c in grid if c.processes == core), key=lambda c: c.threads))
+        mid = near(s.num_envs / 8)
+        want.append(max((c for c in grid if c.processes == mid), key=lambda c: c.threads))
+    want.append(Config("process", procs[-1], 1))
+    out: list[Config] = []
+    for c in want:
+        if c in grid and c not in out:
+            out.append(c)
     return out
 
 
@@ -140,6 +199,21 @@ def converged_at(history: list[dict], start: int = 0) -> int | None:
     while k > 0 and labels[k - 1] == last:
         k -= 1
     return k + 1 if k else 1
+
+
+def readapt_intervals(s: Scenario, a: dict[str, Any]) -> list[int | None]:
+    """Per change of cost in a changing scenario: control intervals from the change until the configuration
+    stops changing within that phase (:func:`converged_at` on the phase's intervals; None: no interval)."""
+    if not s.phases or a.get("schedule_start_s") is None:
+        return []
+    hist = a["history"]
+    bounds = [a["schedule_start_s"] + sum(p[0] for p in s.phases[:k]) for k in range(1, len(s.phases) + 1)]
+    out: list[int | None] = []
+    for k in range(len(s.phases) - 1):
+        lo, hi = bounds[k], bounds[k + 1]
+        idx = [i for i, h in enumerate(hist) if lo <= h["t"] < hi]
+        out.append(converged_at(hist[idx[0]: idx[-1] + 1]) if idx else None)
+    return out
 
 
 def run_scenario(s: Scenario, repeats: int, warm: float, seconds: float, log: Any = print) -> dict[str, Any]:
@@ -170,6 +244,7 @@ def run_scenario(s: Scenario, repeats: int, warm: float, seconds: float, log: An
     per_round = [a["steps_per_s"] / max(v[i] for v in samples.values()) for i, a in enumerate(auto)]
     auto_med = statistics.median(a["steps_per_s"] for a in auto)
     conv = [converged_at(a["history"]) for a in auto]
+    readapt = [readapt_intervals(s, a) for a in auto]
     return {
         "title": s.title, "num_envs": s.num_envs, "lockstep": s.lockstep, "whole_run": whole,
         "static": {k: {"median": med[k], "samples": samples[k]} for k in samples},
@@ -177,6 +252,7 @@ def run_scenario(s: Scenario, repeats: int, warm: float, seconds: float, log: An
         "adaptive": {"median": auto_med, "samples": [a["steps_per_s"] for a in auto],
                      "final": [f"{a['placement']} {a['processes']}p x {a['threads']}t" for a in auto],
                      "processes": [a["processes"] for a in auto], "converged_after_intervals": conv,
+                     "readapt_intervals": readapt, "late_s": [a["late_s"] for a in auto],
                      "histories": [a["history"] for a in auto]},
         "ratio_of_medians": auto_med / med[best], "ratio_per_round": per_round,
         "max_processes": int(s.max_processes_share * s.num_envs) if s.max_processes_share else None,
@@ -228,6 +304,10 @@ def targets(results: dict[str, Any]) -> list[str]:
         if not r["whole_run"]:
             ok = all(c is not None and c <= 10 for c in conv)
             out.append(f"{'PASS' if ok else 'FAIL'} {key}: settles within 10 control intervals ({conv})")
+        else:
+            re = r["adaptive"].get("readapt_intervals") or []
+            ok = bool(re) and all(x is not None and x <= 6 for run in re for x in run)
+            out.append(f"{'PASS' if ok else 'FAIL'} {key}: re-adapts within 6 control intervals after each change of cost ({re})")
     return out
 
 
