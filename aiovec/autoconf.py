@@ -94,24 +94,29 @@ def spin_for(num_workers: int, cpus: int) -> float:
     return SPIN_S if num_workers < cpus else 0.0
 
 
-ROUND_TRIP_S = 200e-6
-"""What stepping a batch in worker processes costs beyond the env work: waking the workers, the
-parent's sends and receives, its bookkeeping. Measured on 2 CPUs (bench v2, same run): ~65 us for one
-spinning worker (8 CartPoles: 111 vs 61 us a batch inline), 300-470 us for two (64 CartPoles: 457 us a
-batch for 2 x 160 us of env work; 8 HalfCheetahs: 593 us for 2 x 124 us, where inline ran 282 us)."""
+ROUND_TRIP_S = 100e-6
+"""What a batch stepped beside worker processes costs beyond the env work: waking a spinning worker,
+its reply, the parent's bookkeeping (measured on 2 CPUs, bench v2: ~65 us for one spinning worker, 8
+CartPoles 111 vs 61 us a batch inline), with margin for a host busier than the benchmark's."""
 
-INLINE_MAX_BUILD_S = 0.05
-"""Envs slower to build than this are never placed inline (a heavy simulator earns its isolation)."""
+INLINE_MAX_BUILD_S = 0.25
+"""Envs slower to build than this never step in this process (a heavy simulator earns its isolation;
+Atari's ~0.1 s and MuJoCo's few ms do not count as heavy)."""
 
 
 def choose_placement(num_envs: int, cost: StepCost | None, cpus: int, build_s: float) -> str:
-    """``"inline"`` where stepping every env in the parent beats spreading them over worker processes.
+    """Where CPU-bound envs step fastest: ``"inline"``, ``"hybrid"`` or ``"process"``.
 
-    In-process, a batch costs ``n * t``. Over ``w = min(cpus, n)`` processes it costs about
-    ``n * t / w`` plus a round trip, so inline wins while ``n * t * (1 - 1/w) <= ROUND_TRIP_S``.
-    Envs that mostly wait (sleeps, I/O) gain from overlapping their waits and never go inline.
+    Inline, a batch costs ``n * t`` on this process alone. Hybrid, this process steps one shard
+    of ``w = min(cpus, n)`` while ``w - 1`` worker processes step the others, so a batch costs
+    about ``n * t / w`` plus a round trip: inline wins while ``n * t * (1 - 1/w) <= ROUND_TRIP_S``,
+    hybrid beyond. Processes alone leave this process idle while ``w`` workers share the
+    CPUs with it, so they lose to hybrid for envs that compute; they win for envs that mostly
+    wait (sleeps, I/O: overlapped on many processes and threads) and for envs slow to build.
     """
     if cost is None or cost.waiting_share > 0.5 or build_s > INLINE_MAX_BUILD_S:
         return "process"
     w = max(1, min(cpus, num_envs))
-    return "inline" if num_envs * cost.wall_s * (1 - 1 / w) <= ROUND_TRIP_S else "process"
+    if num_envs * cost.wall_s * (1 - 1 / w) <= ROUND_TRIP_S:
+        return "inline"
+    return "hybrid"

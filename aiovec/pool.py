@@ -63,6 +63,22 @@ class _Worker:
         self._shard = None
 
 
+PLACEMENTS = ("process", "inline", "hybrid")
+
+
+def worker_kinds(placement: str, num_workers: int, num_envs: int) -> dict[str, int]:
+    """How many workers of each kind a placement runs with ``num_workers`` workers in all.
+
+    ``"hybrid"`` counts the inline worker as one of them (at least one process besides it).
+    """
+    n = max(1, min(int(num_workers), num_envs))
+    if placement == "inline":
+        return {"inline": 1}
+    if placement == "hybrid":
+        return {"inline": 1, "process": max(1, n - 1)} if num_envs > 1 else {"inline": 1}
+    return {"process": n}
+
+
 def split_envs(num_envs: int, num_workers: int) -> list[list[int]]:
     """Contiguous, balanced shards: sizes differ by at most one, no divisibility needed."""
     base, extra = divmod(num_envs, num_workers)
@@ -78,8 +94,10 @@ class WorkerPool:
     """Owns the workers of one vector env and the env -> worker placement.
 
     Workers are of two kinds: those of ``backend`` (processes or Ray actors) and, when an
-    ``inline`` backend is given, one inline worker in this process. ``resize`` moves envs
-    between them at episode boundaries.
+    ``inline`` backend is given, one inline worker in this process. A placement says which
+    run: ``"process"`` (only processes), ``"inline"`` (only the inline worker) or ``"hybrid"``
+    (the inline worker hosts one shard, as one worker among ``n``, processes the others).
+    ``resize`` moves envs between them at episode boundaries.
     """
 
     def __init__(
@@ -126,7 +144,7 @@ class WorkerPool:
         self._loop = asyncio.get_running_loop()
         self._timed_out: set[int] = set()  # workers killed by step_timeout
         self._groups: list[tuple[int, np.ndarray]] | None = None  # all envs by worker, until placement changes
-        self.kind = "process"  # where the last resize put the envs: "process" or "inline"
+        self.kind = "process"  # the placement the last start/resize asked for: "process", "inline" or "hybrid"
         # Resizing: envs move one at a time, each at an episode boundary of its own.
         self.movable: Callable[[int], bool] = lambda env_id: True  # set by the vector env
         self._retiring: set[int] = set()
@@ -137,10 +155,12 @@ class WorkerPool:
 
     # -- start / stop -------------------------------------------------------------------
     async def start(self, num_workers: int, kind: str = "process") -> None:
-        """Start ``num_workers`` workers of ``kind`` and place every env on one of them."""
+        """Start ``num_workers`` workers for placement ``kind`` and place every env on one of them."""
         self.kind = kind
-        shards = split_envs(self.num_envs, 1 if kind == "inline" else num_workers)
-        ids = [self._spawn(kind) for _ in shards]
+        counts = worker_kinds(kind, num_workers, self.num_envs)
+        kinds = [k for k, c in counts.items() for _ in range(c)]
+        shards = split_envs(self.num_envs, len(kinds))
+        ids = [self._spawn(k) for k in kinds]
         waits = []
         for wid, shard in zip(ids, shards, strict=True):
             for env_id in shard:
@@ -265,15 +285,23 @@ class WorkerPool:
         A worker whose whole, settled shard steps gets the one-byte STEP_SHARD; others get
         explicit ids. Envs in transit step on their new worker when they arrive.
         """
+        inline = None
         for wid, ids in self.groups(env_ids):
             if wid < 0:
                 self._defer(ids, _step_msg, handler)
-                continue
-            w = self.workers[wid]
-            if w.shard_step and not w.membership and len(ids) == len(w.shard) and (env_ids is None or np.array_equal(ids, w.shard)):
-                self._send(wid, P.STEP_SHARD, handler, w.shard)
+            elif self.workers[wid].kind == "inline" and len(self.workers) > 1:
+                inline = (wid, ids)  # sent last: the processes work while this process steps its own shard
             else:
-                self._send(wid, P.Step(tuple(ids.tolist())), handler, ids)
+                self._step_worker(wid, ids, env_ids is None, handler)
+        if inline is not None:
+            self._step_worker(*inline, env_ids is None, handler)
+
+    def _step_worker(self, wid: int, ids: np.ndarray, whole: bool, handler: ReplyHandler) -> None:
+        w = self.workers[wid]
+        if w.shard_step and not w.membership and len(ids) == len(w.shard) and (whole or np.array_equal(ids, w.shard)):
+            self._send(wid, P.STEP_SHARD, handler, w.shard)
+        else:
+            self._send(wid, P.Step(tuple(ids.tolist())), handler, ids)
 
     def submit(self, env_ids: np.ndarray | None, build: Callable[[list[int]], Any], handler: ReplyHandler) -> int:
         """Send one command per worker for ``env_ids``; ``handler`` sees each worker's reply. Returns #messages."""
@@ -340,28 +368,30 @@ class WorkerPool:
         without envs are stopped.
         """
         kind = self.kind if kind is None else kind
-        n = 1 if kind == "inline" else max(1, min(int(n), self.num_envs))
         self.kind = kind
-        # Workers of the other kind are retired as a whole.
-        self._retiring.update(w for w, x in self.workers.items() if x.kind != kind)
-        active = sorted(w for w in self.workers if w not in self._retiring)
-        if n > len(active):
-            # Un-retire first (cheapest), then start new workers.
-            revive = sorted(w for w in self._retiring if self.workers[w].kind == kind)[: n - len(active)]
-            self._retiring.difference_update(revive)
-            new = [self._spawn(kind) for _ in range(n - len(active) - len(revive))]
-            if new:
-                waits = []
-                for wid in new:
-                    fut = self._loop.create_future()
-                    pending = self.workers[wid].pending
-                    pending[0] = pending[0]._replace(handler=_chain(self._on_ready, _resolver(fut)))
-                    waits.append(fut)
-                await asyncio.gather(*waits)
-        elif n < len(active):
-            # Retire the workers hosting the fewest envs (fewest moves).
-            by_load = sorted(active, key=lambda w: (len(self.workers[w].envs), -w))
-            self._retiring.update(by_load[: len(active) - n])
+        counts = worker_kinds(kind, n, self.num_envs)
+        # Workers of a kind the placement does not use are retired as a whole.
+        self._retiring.update(w for w, x in self.workers.items() if x.kind not in counts)
+        new: list[int] = []
+        for wkind, want in counts.items():
+            active = sorted(w for w, x in self.workers.items() if x.kind == wkind and w not in self._retiring)
+            if want > len(active):
+                # Un-retire first (cheapest), then start new workers.
+                revive = sorted(w for w in self._retiring if self.workers[w].kind == wkind)[: want - len(active)]
+                self._retiring.difference_update(revive)
+                new += [self._spawn(wkind) for _ in range(want - len(active) - len(revive))]
+            elif want < len(active):
+                # Retire the workers hosting the fewest envs (fewest moves).
+                by_load = sorted(active, key=lambda w: (len(self.workers[w].envs), -w))
+                self._retiring.update(by_load[: len(active) - want])
+        if new:
+            waits = []
+            for wid in new:
+                fut = self._loop.create_future()
+                pending = self.workers[wid].pending
+                pending[0] = pending[0]._replace(handler=_chain(self._on_ready, _resolver(fut)))
+                waits.append(fut)
+            await asyncio.gather(*waits)
         self._plan()
         self.try_moves()
         self._stop_empty()

@@ -51,7 +51,7 @@ from .spaces import ActionChecker, check_supported, get_row, put_row, put_rows, 
 from .stats import Stats
 from .threads import in_thread
 
-PLACEMENTS = ("auto", "inline", "process")
+PLACEMENTS = ("auto", "inline", "process", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -134,10 +134,14 @@ class AsyncVecEnv:
             hang in an env cannot take the application down). ``"inline"``: inside this process, on
             the event loop, in slices of at most ~0.25 ms that yield between them; no round trip,
             so for cheap envs (CartPole: ~11 us a step) it beats any worker process, but a segfault
-            in an env takes the application with it and a hung env cannot be killed.
-            ``"auto"`` (default): inline only with ``num_workers="auto"``, no ``step_timeout``, the
-            process backend, and envs measured cheap enough that a round trip would cost more than
-            the parallelism gains (and quick to build); processes otherwise.
+            in an env takes the application with it and a hung env cannot be killed. ``"hybrid"``:
+            this process steps one shard (in the same slices) while ``num_workers - 1`` worker
+            processes step the others, so every CPU steps envs and a batch costs one round trip
+            to a worker that had a CPU of its own; the caveats of inline hold for that shard.
+            ``"auto"`` (default), with ``num_workers="auto"``, no ``step_timeout`` and the process
+            backend: inline for envs measured so cheap that a round trip costs more than the
+            parallelism gains, hybrid for other envs that compute, processes for envs that mostly
+            wait or are slow to build (> 0.25 s); processes whenever a condition is not met.
 
     Env 0 is built once to learn the spaces. Constructed where no event loop runs (a plain
     script), that happens here and a factory that raises is a ``ConfigError`` at once. Constructed
@@ -210,11 +214,11 @@ class AsyncVecEnv:
         self.backend = backend
         if placement not in PLACEMENTS:
             raise ConfigError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
-        if placement == "inline" and step_timeout is not None:
-            raise ConfigError("placement='inline' cannot honour step_timeout: a hung env in this process cannot be killed; "
+        if placement in ("inline", "hybrid") and step_timeout is not None:
+            raise ConfigError(f"placement={placement!r} cannot honour step_timeout: a hung env in this process cannot be killed; "
                               "use placement='process' (the default with step_timeout)")
-        if placement == "inline" and backend != "process":
-            raise ConfigError(f"placement='inline' steps envs in this process; it does not combine with backend={backend!r}")
+        if placement in ("inline", "hybrid") and backend != "process":
+            raise ConfigError(f"placement={placement!r} steps envs in this process; it does not combine with backend={backend!r}")
         self._env_threads_arg = env_threads  # None: not set by the user (the controller may turn it)
         self.env_threads = 1 if env_threads is None else _positive_int(env_threads, "env_threads")
         if check_obs is None:
@@ -332,7 +336,7 @@ class AsyncVecEnv:
 
     @property
     def placement(self) -> str:
-        """Where the envs run now: ``"inline"`` or ``"process"`` (``"unstarted"`` before ``start()``)."""
+        """Where the envs run now: ``"inline"``, ``"hybrid"`` or ``"process"`` (``"unstarted"`` before ``start()``)."""
         return self._pool.kind if self._pool is not None else "unstarted"
 
     # -- lifetime -----------------------------------------------------------------------
@@ -416,18 +420,21 @@ class AsyncVecEnv:
         workers = plan_workers(self.num_envs, cost, cpus) if auto else min(int(self._num_workers_arg), self.num_envs)
         if kind == "inline":
             workers = 1
-        if auto and self._explicit_controller is None:
+        elif kind == "hybrid":
+            workers = max(2, workers) if self._num_workers_arg == "auto" else workers
+        if auto and self._explicit_controller is None and kind != "hybrid":  # the controller has no hybrid rung yet
             from .measured import plan_start
 
             # Controller v2 (processes, threads per process, the inline rung), also for an inline start:
             # a cheap env that turns costly moves to processes, and back.
             self.controller = MeasuredController()
-            if self._env_threads_arg is None and kind != "inline" and cost is not None:
+            if self._env_threads_arg is None and kind == "process" and cost is not None:
                 # threads not set by the user: start where the model expects the best (corrected at run time)
                 workers, threads = plan_start(self.num_envs, cost.cpu_s, cost.wall_s, cpus, workers)
                 self.env_threads = self._host_options["env_threads"] = threads
         spin = self._spin_arg
-        self._spin_s = spin_for(workers, cpus) if spin == "auto" else (SPIN_S if spin else 0.0)
+        processes = workers - 1 if kind == "hybrid" else workers  # this process steps a shard: it needs its CPU either way
+        self._spin_s = spin_for(processes, cpus) if spin == "auto" else (SPIN_S if spin else 0.0)
         return kind, workers
 
     def _make_backends(self) -> tuple[Backend, Backend | None]:
@@ -782,7 +789,8 @@ class AsyncVecEnv:
         Workers left without envs exit. ``num_workers`` tells the current count,
         ``pending_moves`` how many envs still wait for their episode to end.
         ``placement="inline"`` moves every env into this process (``num_workers`` is then 1: the
-        inline worker), ``"process"`` back into ``num_workers`` processes; default: where they are.
+        inline worker), ``"process"`` into ``num_workers`` processes, ``"hybrid"`` one shard into
+        this process and the others into ``num_workers - 1`` processes; default: where they are.
 
         >>> async def main():
         ...     async with aiovec.make("CartPole-v1", 4, num_workers=1) as venv:
@@ -795,17 +803,17 @@ class AsyncVecEnv:
         (2, 0, True)
         """
         n = _positive_int(num_workers, "num_workers")
-        if placement not in (None, "inline", "process"):
-            raise ConfigError(f"placement must be 'inline' or 'process', got {placement!r}")
+        if placement not in (None, "inline", "process", "hybrid"):
+            raise ConfigError(f"placement must be 'inline', 'process' or 'hybrid', got {placement!r}")
         await self.start()
         pool = self._pool
-        if placement == "inline" and "inline" not in pool.backends:  # type: ignore[union-attr]
+        if placement in ("inline", "hybrid") and "inline" not in pool.backends:  # type: ignore[union-attr]
             raise ConfigError("this vector env cannot step envs inline (placement='process', step_timeout or a Ray backend)")
         try:
             await pool.resize(n, placement)  # type: ignore[union-attr]
         finally:
             if self._spin_auto and pool is self._pool and not pool.closing:  # spin only while workers leave the parent a core
-                pool.tune(spin_for(pool.target_workers, available_cpus()))
+                pool.tune(spin_for(pool.target_workers - (pool.kind == "hybrid"), available_cpus()))
 
     async def set_env_threads(self, env_threads: int) -> None:
         """Threads per worker process that step its envs concurrently, changed while running.

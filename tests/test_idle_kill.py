@@ -29,7 +29,7 @@ MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLE
 async def _kill_idle_worker(venv: aiovec.AsyncVecEnv) -> tuple[int, list[int]]:
     """SIGKILL worker 0's process while its envs are idle; wait until the vector env noticed."""
     wid, worker = next((wid, w) for wid, w in sorted(venv._pool.workers.items()) if w.kind == "process")
-    pid = venv.stats()["workers"][0]["pid"]
+    pid = next(w["pid"] for w in venv.stats()["workers"] if w["worker_id"] == wid)
     envs = sorted(worker.envs)
     os.kill(pid, signal.SIGKILL)
     assert wait_pids_gone([pid], 10.0) == []
@@ -45,10 +45,12 @@ def _actions(t: int) -> np.ndarray:
     return np.array([(t + i) % 2 for i in range(N)], dtype=np.int64)
 
 
+@pytest.mark.parametrize("placement", ["process", "hybrid"])
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
-def test_idle_kill_under_step_with_restarts_keeps_lock_step_working(run_uv, clean, mode: AutoresetMode) -> None:
+def test_idle_kill_under_step_with_restarts_keeps_lock_step_working(run_uv, clean, mode: AutoresetMode, placement: str) -> None:
     async def main() -> None:
-        async with aiovec.make("CartPole-v1", N, num_workers=2, max_restarts=1, restart_backoff=0.0, autoreset_mode=mode) as venv:
+        async with aiovec.make("CartPole-v1", N, num_workers=2, max_restarts=1, restart_backoff=0.0, autoreset_mode=mode,
+                               placement=placement) as venv:
             await wait(venv.reset(seed=0))
             await wait(venv.step(_actions(0)))
             _, envs = await _kill_idle_worker(venv)
@@ -73,10 +75,12 @@ def test_idle_kill_under_step_with_restarts_keeps_lock_step_working(run_uv, clea
     assert_clean(clean)
 
 
+@pytest.mark.parametrize("placement", ["process", "hybrid"])
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
-def test_idle_kill_under_send_recv_with_restarts(run_uv, clean, mode: AutoresetMode) -> None:
+def test_idle_kill_under_send_recv_with_restarts(run_uv, clean, mode: AutoresetMode, placement: str) -> None:
     async def main() -> None:
-        async with aiovec.make("CartPole-v1", N, num_workers=2, max_restarts=1, restart_backoff=0.0, autoreset_mode=mode) as venv:
+        async with aiovec.make("CartPole-v1", N, num_workers=2, max_restarts=1, restart_backoff=0.0, autoreset_mode=mode,
+                               placement=placement) as venv:
             await wait(venv.reset(seed=0))
             venv.send(_actions(0))
             await wait(venv.drain())

@@ -1,4 +1,5 @@
-"""In-process ("inline") placement: same results as SyncVectorEnv, typed errors, moves both ways."""
+"""In-process placements ("inline": every env here; "hybrid": one shard here, the others in
+processes): same results as SyncVectorEnv, typed errors, moves every way."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from gymnasium.vector import AutoresetMode
 
 import aiovec
 from aiovec import ConfigError, EnvError
+from aiovec.machine import available_cpus
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 
@@ -31,15 +33,20 @@ def _compare_reset(got: tuple, want: tuple) -> None:
     assert sorted(got[1]) == sorted(want[1])
 
 
+@pytest.mark.parametrize("placement", ["inline", "hybrid"])
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_inline_equals_sync_vector_env(run, clean, mode: AutoresetMode, env_id: str) -> None:
+def test_inline_equals_sync_vector_env(run, clean, mode: AutoresetMode, env_id: str, placement: str) -> None:
     n = 5
 
     async def main() -> None:
         ref = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * n, autoreset_mode=mode)
-        async with aiovec.make(env_id, n, placement="inline", autoreset_mode=mode) as venv:
-            assert venv.placement == "inline" and venv.num_workers == 1
+        workers = 1 if placement == "inline" else 3
+        async with aiovec.make(env_id, n, placement=placement, num_workers=workers, autoreset_mode=mode) as venv:
+            assert venv.placement == placement and venv.num_workers == workers
+            if placement == "hybrid":
+                kinds = sorted(w["kind"] for w in venv.stats()["workers"])
+                assert kinds == ["inline", "process", "process"] and [w["envs"] for w in venv.stats()["workers"]] == [2, 2, 1]
             _compare_reset(await wait(venv.reset(seed=3)), ref.reset(seed=3))
             space = ref.action_space
             space.seed(1)
@@ -69,6 +76,12 @@ def test_auto_places_cheap_envs_inline_and_respects_opt_outs(run_uv, clean) -> N
             assert venv.placement == "process"
         async with aiovec.make("CartPole-v1", 4, num_workers=2) as venv:  # an explicit count means processes
             assert venv.placement == "process" and venv.num_workers == 2
+        # envs that compute, too costly for this process alone: it steps one shard, processes the others
+        async with aiovec.make("aiovec/Busy-v0", 4, cpu_ms=0.5) as venv:
+            two = available_cpus() > 1
+            assert venv.placement == ("hybrid" if two else "inline") and venv.num_workers == min(available_cpus(), 4)
+        async with aiovec.make("aiovec/Busy-v0", 4, cpu_ms=0.5, placement="process") as venv:
+            assert venv.placement == "process"
 
     run_uv(main())
     assert_clean(clean)
@@ -107,14 +120,14 @@ def test_moves_between_inline_and_processes_keep_trajectories(run_uv, clean) -> 
         async with aiovec.make("CartPole-v1", n, num_workers=2) as venv:
             _compare_reset(await wait(venv.reset(seed=5)), ref.reset(seed=5))
             rng = np.random.default_rng(0)
-            plan = {20: ("inline", 1), 400: ("process", 2), 800: ("inline", 1)}
-            for t in range(1200):
+            plan = {20: ("inline", 1), 300: ("hybrid", 2), 600: ("process", 2), 900: ("hybrid", 3), 1200: ("inline", 1)}
+            for t in range(1500):
                 if t in plan:
                     where, k = plan[t]
                     await wait(venv.resize(k, placement=where))
                 actions = rng.integers(0, 2, n)
                 _compare(await wait(venv.step(actions)), ref.step(actions), t)
-            assert venv.stats()["moves"] >= 2 * n  # every env moved at least twice
+            assert venv.stats()["moves"] >= 3 * n  # envs moved in every direction
             venv._table.check()
         ref.close()
 
@@ -122,17 +135,19 @@ def test_moves_between_inline_and_processes_keep_trajectories(run_uv, clean) -> 
     assert_clean(clean)
 
 
-def test_first_finished_recv_inline_returns_each_env_once(run_uv, clean) -> None:
+@pytest.mark.parametrize("placement", ["inline", "hybrid"])
+def test_first_finished_recv_inline_returns_each_env_once(run_uv, clean, placement: str) -> None:
     async def main() -> None:
-        async with aiovec.make("CartPole-v1", 6, placement="inline", batch_size=2) as venv:
+        async with aiovec.make("CartPole-v1", 6, placement=placement, num_workers=2, batch_size=2) as venv:
             await wait(venv.reset(seed=0))
-            venv.send(np.zeros(6, dtype=np.int64))
-            seen = []
-            for _ in range(3):
-                r = await wait(venv.recv())
-                assert len(r.env_ids) == 2
-                seen += r.env_ids.tolist()
-            assert sorted(seen) == list(range(6))
+            for _ in range(20):
+                venv.send(np.zeros(6, dtype=np.int64))
+                seen = []
+                for _ in range(3):
+                    r = await wait(venv.recv())
+                    assert len(r.env_ids) == 2
+                    seen += r.env_ids.tolist()
+                assert sorted(seen) == list(range(6))
             with pytest.raises(aiovec.EnvStateError):
                 await wait(venv.recv())
 
@@ -154,7 +169,7 @@ def test_close_while_inline_steps_are_queued(run_uv, clean) -> None:
 
 
 @pytest.mark.parametrize("variant", [{}, {"ragged": True}, {"numpy_bool": True}], ids=["same-keys", "ragged-keys", "numpy-bool"])
-@pytest.mark.parametrize("placement", ["inline", "process"])
+@pytest.mark.parametrize("placement", ["inline", "process", "hybrid"])
 def test_step_infos_equal_sync_vector_env_key_by_key_and_dtype(run_uv, clean, variant: dict, placement: str) -> None:
     """Infos on every step (packed by workers when every env returns the same scalar keys) batch exactly
     as gymnasium's: same keys, masks, values and dtypes (float32 stays float32, bools stay bools)."""
@@ -163,7 +178,7 @@ def test_step_infos_equal_sync_vector_env_key_by_key_and_dtype(run_uv, clean, va
     async def main() -> None:
         make = lambda: gym.make("aiovec/Info-v0", episode_len=7, **variant)  # noqa: E731
         ref = gym.vector.SyncVectorEnv([make] * n)
-        async with aiovec.AsyncVecEnv([make] * n, placement=placement, num_workers=2 if placement == "process" else "auto") as venv:
+        async with aiovec.AsyncVecEnv([make] * n, placement=placement, num_workers=2 if placement != "inline" else "auto") as venv:
             _compare_reset(await wait(venv.reset(seed=2)), ref.reset(seed=2))
             rng = np.random.default_rng(0)
             for t in range(40):
