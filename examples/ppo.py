@@ -94,9 +94,10 @@ class Args:
     """aiovec.AsyncVecEnv, or gymnasium's SyncVectorEnv / AsyncVectorEnv(shared_memory=True) with the same loop"""
     num_workers: str = "auto"
     """aiovec worker processes: 'auto' (from the envs' measured cost and the CPUs) or an int"""
-    placement: Literal["auto", "inline", "process"] = "auto"
-    """aiovec env placement: 'auto' (let aiovec decide), 'inline' (step envs in this process) or 'process'
-    (always in workers); needs an aiovec that has the option, 'auto' works with any"""
+    placement: Literal["auto", "inline", "hybrid", "process"] = "auto"
+    """aiovec env placement: 'auto' (let aiovec decide), 'inline' (step envs in this process), 'hybrid' (one
+    shard here, the others in --num-workers minus one processes) or 'process' (always in workers); needs an
+    aiovec that has the option, 'auto' works with any"""
     learning_rate: float = 2.5e-4
     """Adam learning rate before --lr-scale"""
     lr_scale: Literal["none", "linear", "sqrt"] = "none"

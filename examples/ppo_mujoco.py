@@ -35,11 +35,12 @@ from ppo_speedup import core_version  # noqa: E402
 SETTINGS: dict[str, list[str]] = {
     "aiovec-x8-pipelined": ["--num-envs", "8", "--num-steps", "256", "--mode", "pipelined", "--num-workers", "2"],
     "aiovec-x8-sync": ["--num-envs", "8", "--num-steps", "256", "--num-workers", "2"],
+    "aiovec-x8-hybrid": ["--num-envs", "8", "--num-steps", "256", "--num-workers", "2", "--placement", "hybrid"],
     "gym-sync-x8": ["--num-envs", "8", "--num-steps", "256", "--vectorizer", "gym-sync"],
     "gym-sync-x1": ["--num-envs", "1", "--num-steps", "2048", "--vectorizer", "gym-sync"],
     "gym-async-x8": ["--num-envs", "8", "--num-steps", "256", "--vectorizer", "gym-async"],
 }
-DEFAULT = ["aiovec-x8-pipelined", "aiovec-x8-sync", "gym-sync-x8", "gym-sync-x1"]
+DEFAULT = ["aiovec-x8-hybrid", "aiovec-x8-sync", "gym-sync-x8", "gym-sync-x1"]
 REFERENCE = "gym-sync-x8"
 
 
