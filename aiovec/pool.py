@@ -285,6 +285,8 @@ class WorkerPool:
         A worker whose whole, settled shard steps gets the one-byte STEP_SHARD; others get
         explicit ids. Envs in transit step on their new worker when they arrive.
         """
+        if env_ids is None and len(self.workers) == 1 and self._step_solo_inline(handler):
+            return
         inline = None
         for wid, ids in self.groups(env_ids):
             if wid < 0:
@@ -295,6 +297,25 @@ class WorkerPool:
                 self._step_worker(wid, ids, env_ids is None, handler)
         if inline is not None:
             self._step_worker(*inline, env_ids is None, handler)
+
+    def _step_solo_inline(self, handler: ReplyHandler) -> bool:
+        """Every env lives on one idle inline worker: step them in this turn, no command, no reply queue."""
+        ((wid, w),) = self.workers.items()
+        if w.kind != "inline" or w.pending or w.membership:
+            return False
+        done = w.handle.step_now()  # type: ignore[attr-defined]
+        if done is None:
+            return False
+        infos, errors, cpu_s, wall_s = done
+        ids = w.shard
+        self.stats.record(wid, len(ids), cpu_s, wall_s, 0.0, wall_s)
+        if errors is None and infos is not None:
+            infos = P.pack_infos(infos)
+        if errors is None and (infos is None or type(infos) is P.InfoRecords):
+            self.on_step(ids, infos)
+        else:
+            handler(wid, P.Reply(P.STEP, ids, infos, errors, P.Timing(cpu_s, wall_s)), None)
+        return True
 
     def _step_worker(self, wid: int, ids: np.ndarray, whole: bool, handler: ReplyHandler) -> None:
         w = self.workers[wid]

@@ -66,21 +66,28 @@ class InlineWorker(WorkerHandle):
         if self._exited:
             return
         if msg is P.STEP_SHARD and not self._queue and not self._busy and not self._scheduled:
-            host = self._host
-            shard = host.shard
-            if self._per_env_s * len(shard) <= SLICE_S and self.on_step_timing is not None:
-                # The hot path: the whole shard fits in one slice; step it now, no queue, no slicing state.
-                c0, t0 = host._cpu_clock(), time.perf_counter()
-                infos, errors = host.step(shard)
-                wall = time.perf_counter() - t0
-                self._learn_cost(wall, len(shard))
-                self._deliver_step(msg, shard, infos, errors, host._cpu_clock() - c0, wall)
-                return
+            if self.on_step_timing is not None:
+                done = self.step_now()
+                if done is not None:
+                    self._deliver_step(msg, self._host.shard, *done)
+                    return
             self._queue.append(msg)
             self._run()
             return
         self._queue.append(msg)
         self._schedule()
+
+    def step_now(self) -> tuple[list | None, list | None, float, float] | None:
+        """Step the whole shard in the caller's turn, if this worker is idle and the shard fits one slice
+        (the hot path: no queue, no slicing state): ``(infos, errors, cpu_s, wall_s)``; else None."""
+        host = self._host
+        if self._exited or self._queue or self._busy or self._scheduled or self._per_env_s * len(host.shard) > SLICE_S:
+            return None
+        c0, t0 = host._cpu_clock(), time.perf_counter()
+        infos, errors = host.step(host.shard)
+        wall = time.perf_counter() - t0
+        self._learn_cost(wall, len(host.shard))
+        return infos, errors, host._cpu_clock() - c0, wall
 
     def _schedule(self) -> None:
         if not self._scheduled and not self._busy:
