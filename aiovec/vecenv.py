@@ -784,8 +784,9 @@ class AsyncVecEnv:
         """Change the number of worker processes (or move the envs inline) while envs keep stepping.
 
         New workers start at once; each env moves only when it is idle at an episode
-        boundary, carrying its ``np_random``, so no transition is lost, duplicated or
-        reordered and every trajectory is the one it would have been without the move.
+        boundary, carrying its ``np_random`` and its wrappers' attributes (when they pickle),
+        so no transition is lost, duplicated or reordered and every trajectory is the one it
+        would have been without the move.
         Workers left without envs exit. ``num_workers`` tells the current count,
         ``pending_moves`` how many envs still wait for their episode to end.
         ``placement="inline"`` moves every env into this process (``num_workers`` is then 1: the

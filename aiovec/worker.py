@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import copy
 import os
+import pickle
 import select
 import signal
 import struct
@@ -21,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import cloudpickle
+import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
@@ -68,14 +70,21 @@ class _Slot:
         return obs, info
 
     def export(self) -> dict[str, Any]:
-        """Portable state at an episode boundary; an env mid-episode cannot move."""
+        """Portable state at an episode boundary; an env mid-episode cannot move.
+
+        Besides the generator it carries the wrappers' own attributes (a normalisation's running
+        statistics, counters), when they pickle; the env under the wrappers is rebuilt by its factory.
+        """
         if not self.was_reset:
             return {"kind": "fresh"}
         if self.done:  # episode over, next call resets: only the generator matters
-            return {"kind": "ended", "np_random": self.env.unwrapped.np_random, "needs_reset": self.needs_reset}
-        if self.steps == 0:  # just reset: replay that reset from the generator it started with
-            return {"kind": "replay", "np_random": _restore(self.pre_reset_rng), "reset_args": self.reset_args}
-        raise RuntimeError(f"env is {self.steps} steps into an episode; it can only move at an episode boundary")
+            state = {"kind": "ended", "np_random": self.env.unwrapped.np_random, "needs_reset": self.needs_reset}
+        elif self.steps == 0:  # just reset: replay that reset from the generator it started with
+            state = {"kind": "replay", "np_random": _restore(self.pre_reset_rng), "reset_args": self.reset_args}
+        else:
+            raise RuntimeError(f"env is {self.steps} steps into an episode; it can only move at an episode boundary")
+        state["wrappers"] = _wrapper_state(self.env)
+        return state
 
     def restore(self, state: dict[str, Any]) -> None:
         kind = state["kind"]
@@ -85,6 +94,36 @@ class _Slot:
         elif kind == "replay":
             self.env.unwrapped.np_random = state["np_random"]
             self.reset(*state["reset_args"])
+        # after a replayed reset: the wrappers' state at export already counted that reset once
+        _restore_wrappers(self.env, state.get("wrappers"))
+
+
+def _wrapper_state(env: Any) -> bytes | None:
+    """Each wrapper's attributes but its inner env, outermost first, pickled; None if one does not pickle
+    (a lambda, a window): then the wrappers start fresh on the new worker, as before this existed."""
+    chain = []
+    while isinstance(env, gym.Wrapper):
+        chain.append((type(env), {k: v for k, v in vars(env).items() if k != "env"}))
+        env = env.env
+    try:
+        return pickle.dumps(chain, pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return None
+
+
+def _restore_wrappers(env: Any, blob: bytes | None) -> None:
+    """Put back what :func:`_wrapper_state` saved, if the rebuilt env has the same wrappers in the same order."""
+    if blob is None:
+        return
+    chain = pickle.loads(blob)
+    wrappers = []
+    while isinstance(env, gym.Wrapper):
+        wrappers.append(env)
+        env = env.env
+    if [type(w) for w in wrappers] != [kind for kind, _ in chain]:
+        return
+    for wrapper, (_, attrs) in zip(wrappers, chain, strict=True):
+        vars(wrapper).update(attrs)
 
 
 def _snapshot(rng: Any) -> Any:

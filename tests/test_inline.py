@@ -135,6 +135,36 @@ def test_moves_between_inline_and_processes_keep_trajectories(run_uv, clean) -> 
     assert_clean(clean)
 
 
+def _normalized_cartpole() -> gym.Env:
+    return gym.wrappers.NormalizeReward(gym.wrappers.NormalizeObservation(gym.make("CartPole-v1")))
+
+
+def test_moves_carry_the_wrappers_state(run_uv, clean) -> None:
+    """A moved env is rebuilt by its factory; its wrappers' running statistics move with it, so
+    normalised observations and rewards stay those of SyncVectorEnv with the same wrappers."""
+    n = 4
+
+    async def main() -> None:
+        ref = gym.vector.SyncVectorEnv([_normalized_cartpole] * n)
+        async with aiovec.AsyncVecEnv([_normalized_cartpole] * n, num_workers=2) as venv:
+            _compare_reset(await wait(venv.reset(seed=5)), ref.reset(seed=5))
+            rng = np.random.default_rng(0)
+            plan = {30: ("process", 1), 300: ("hybrid", 2), 600: ("process", 2)}
+            for t in range(900):
+                if t in plan:
+                    where, k = plan[t]
+                    await wait(venv.resize(k, placement=where))
+                actions = rng.integers(0, 2, n)
+                got, want = await wait(venv.step(actions)), ref.step(actions)
+                for k, (a, b) in enumerate(zip(got[:4], want[:4], strict=True)):
+                    np.testing.assert_allclose(a, b, rtol=1e-6, err_msg=f"step {t}, field {k}")
+            assert venv.stats()["moves"] >= 6  # 2 envs in each of the three resizes
+        ref.close()
+
+    run_uv(main())
+    assert_clean(clean)
+
+
 @pytest.mark.parametrize("placement", ["inline", "hybrid"])
 def test_first_finished_recv_inline_returns_each_env_once(run_uv, clean, placement: str) -> None:
     async def main() -> None:
