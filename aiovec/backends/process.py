@@ -30,6 +30,8 @@ from .base import Backend, ExitCallback, ReplyCallback, WorkerHandle
 _HEADER = struct.Struct("!i")  # multiprocessing.Connection's frame header
 _STEP_SHARD_FRAME = _HEADER.pack(len(P.STEP_SHARD)) + P.STEP_SHARD
 _FAST = struct.Struct("=Bddd")  # a fast reply: marker, cpu, wall, runq
+_FAST_FRAME = struct.Struct("=4xBddd")  # a whole fast reply frame: header skipped, then the reply
+_FAST_FRAME_SIZE = _FAST_FRAME.size
 _live: weakref.WeakSet[ProcessWorker] = weakref.WeakSet()
 
 
@@ -209,9 +211,13 @@ class ProcessWorker(WorkerHandle):
                 # Died (or is dying): the executor reports how, via the serve future.
                 self._loop.call_later(2.0, self._force_exit_report)
             return
+        fast = self.on_step_timing
+        if len(data) == _FAST_FRAME_SIZE and data[4] == P.FAST_MARK and not self._rbuf and fast is not None:
+            _, cpu, wall, runq = _FAST_FRAME.unpack(data)  # the hot path: one step reply without infos or errors
+            fast(cpu, wall, runq, None)
+            return
         buf = self._rbuf + data if self._rbuf else data
         view, pos, end = memoryview(buf), 0, len(buf)
-        fast = self.on_step_timing
         while end - pos >= 4:
             size = _HEADER.unpack_from(buf, pos)[0]
             if end - pos - 4 < size:
