@@ -104,6 +104,10 @@ INLINE_MAX_BUILD_S = 0.25
 Atari's ~0.1 s and MuJoCo's few ms do not count as heavy)."""
 
 
+INLINE_MAX_STEP_S = 0.5e-3
+"""Envs whose single step takes longer never step in this process: a slice holds the loop for at least one step."""
+
+
 def choose_placement(num_envs: int, cost: StepCost | None, cpus: int, build_s: float) -> str:
     """Where CPU-bound envs step fastest: ``"inline"``, ``"hybrid"`` or ``"process"``.
 
@@ -112,9 +116,10 @@ def choose_placement(num_envs: int, cost: StepCost | None, cpus: int, build_s: f
     about ``n * t / w`` plus a round trip: inline wins while ``n * t * (1 - 1/w) <= ROUND_TRIP_S``,
     hybrid beyond. Processes alone leave this process idle while ``w`` workers share the
     CPUs with it, so they lose to hybrid for envs that compute; they win for envs that mostly
-    wait (sleeps, I/O: overlapped on many processes and threads) and for envs slow to build.
+    wait (sleeps, I/O: overlapped on many processes and threads), for envs slow to build, and for
+    envs whose one step would hold the event loop too long (``INLINE_MAX_STEP_S``).
     """
-    if cost is None or cost.waiting_share > 0.5 or build_s > INLINE_MAX_BUILD_S:
+    if cost is None or cost.waiting_share > 0.5 or build_s > INLINE_MAX_BUILD_S or cost.wall_s > INLINE_MAX_STEP_S:
         return "process"
     w = max(1, min(cpus, num_envs))
     if num_envs * cost.wall_s * (1 - 1 / w) <= ROUND_TRIP_S:

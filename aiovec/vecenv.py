@@ -141,7 +141,8 @@ class AsyncVecEnv:
             ``"auto"`` (default), with ``num_workers="auto"``, no ``step_timeout`` and the process
             backend: inline for envs measured so cheap that a round trip costs more than the
             parallelism gains, hybrid for other envs that compute, processes for envs that mostly
-            wait or are slow to build (> 0.25 s); processes whenever a condition is not met.
+            wait, are slow to build (> 0.25 s) or take over 0.5 ms a step (one step is the least a
+            slice can hold the loop); processes whenever a condition is not met.
 
     Env 0 is built once to learn the spaces. Constructed where no event loop runs (a plain
     script), that happens here and a factory that raises is a ``ConfigError`` at once. Constructed

@@ -77,10 +77,12 @@ def test_auto_places_cheap_envs_inline_and_respects_opt_outs(run_uv, clean) -> N
         async with aiovec.make("CartPole-v1", 4, num_workers=2) as venv:  # an explicit count means processes
             assert venv.placement == "process" and venv.num_workers == 2
         # envs that compute, too costly for this process alone: it steps one shard, processes the others
-        async with aiovec.make("aiovec/Busy-v0", 4, cpu_ms=0.5) as venv:
+        async with aiovec.make("aiovec/Busy-v0", 4, cpu_ms=0.2) as venv:
             two = available_cpus() > 1
             assert venv.placement == ("hybrid" if two else "inline") and venv.num_workers == min(available_cpus(), 4)
-        async with aiovec.make("aiovec/Busy-v0", 4, cpu_ms=0.5, placement="process") as venv:
+        async with aiovec.make("aiovec/Busy-v0", 4, cpu_ms=0.2, placement="process") as venv:
+            assert venv.placement == "process"
+        async with aiovec.make("aiovec/Busy-v0", 4, cpu_ms=1.0) as venv:  # one step would hold the loop 1 ms
             assert venv.placement == "process"
 
     run_uv(main())
