@@ -127,7 +127,7 @@ def run_workload(w: Workload, repeats: int, duration: float, warmup: float, log:
 
 
 COLUMNS = ("workload", "limit", "gym Sync", "gym Async", "EnvPool", "floor best (workers)", "floor @ aiovec's workers",
-           "aiovec defaults (workers)", "aiovec / Sync", "aiovec / floor", "aiovec / limit", "aiovec / EnvPool", "floor / limit")
+           "aiovec defaults (workers, placement)", "aiovec / Sync", "aiovec / floor", "aiovec / limit", "aiovec / EnvPool", "floor / limit")
 
 
 def table(workloads: dict[str, dict[str, Any]]) -> str:
@@ -137,10 +137,11 @@ def table(workloads: dict[str, dict[str, Any]]) -> str:
         s, q = r["steps_per_s"], r["ratios"]
         best = r["floor_best_workers"]
         w = sorted(set(r["aiovec_workers"]))
+        where = "/".join(sorted(set(r.get("aiovec_placement") or [])))
         cells = [key, f"{_span(r['limit_steps_per_s'], kilo)} ({r['limit_basis']})", _span(s["gym_sync"], kilo),
                  _span(s["gym_async"], kilo), _span(s.get("envpool", []), kilo) or "-",
                  f"{_span(s[f'floor_{best}'], kilo)} ({best})", _span(s["floor_at_aiovec"], kilo) or "-",
-                 f"{_span(s['aiovec'], kilo)} ({'/'.join(map(str, w))})", _span(q["aiovec/gym_sync"], _ratio),
+                 f"{_span(s['aiovec'], kilo)} ({'/'.join(map(str, w))}{', ' + where if where else ''})", _span(q["aiovec/gym_sync"], _ratio),
                  _span(q["aiovec/floor"], _ratio), _span(q["aiovec/limit"], _ratio),
                  _span(q.get("aiovec/envpool", []), _ratio) or "-", _span(q["floor/limit"], _ratio)]
         lines.append("| " + " | ".join(cells) + " |")
