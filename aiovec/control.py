@@ -15,6 +15,7 @@ A v1 controller's decision (threads and placement None) changes only the process
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -38,6 +39,25 @@ class _Sample:
     main_cpu: float
     busy: float
     moves: int
+    task_runq: dict[int, float] | None = None  # per worker pid: run-queue wait of all its threads (s), when threaded
+
+
+def _task_runq(pids: list[int]) -> dict[int, float]:
+    """Per process: seconds its threads spent runnable but waiting for a CPU (Linux ``/proc/<pid>/task/*/schedstat``).
+
+    Empty where that is not readable (another OS, a kernel without schedstats).
+    """
+    out: dict[int, float] = {}
+    for pid in pids:
+        try:
+            total = 0
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                    total += int(f.read().split()[1])
+            out[pid] = total / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
 
 
 class ControlLoop:
@@ -60,10 +80,13 @@ class ControlLoop:
     def _sample(self) -> _Sample:
         stats = self.venv._stats
         workers = [*stats.workers.values(), stats.retired]
+        pool = self.venv._pool
+        threaded = self.venv.env_threads > 1 and pool is not None and pool.kind == "process"
         return _Sample(
             time.perf_counter(), sum(w.steps for w in workers), sum(w.commands for w in workers), sum(w.cpu_s for w in workers),
             sum(w.wall_s for w in workers), sum(w.runq_s for w in workers), time.process_time(),
-            self.venv._busy_time(), self.venv._pool.moves if self.venv._pool else 0,
+            self.venv._busy_time(), pool.moves if pool else 0,
+            _task_runq([w.pid for w in stats.workers.values() if w.pid]) if threaded else None,
         )
 
     def _largest_shard(self) -> int:
@@ -76,6 +99,12 @@ class ControlLoop:
         steps = b.steps - a.steps
         per = max(steps, 1)
         cpu, wall, runq = (b.cpu - a.cpu) / per, (b.wall - a.wall) / per, (b.runq - a.runq) / per
+        if a.task_runq is not None and b.task_runq is not None:
+            # A worker measures the run queue of its own thread; its env threads queue for the CPUs too, and unseen
+            # that reads as waiting (more processes, when the cores are what is short). The parent reads them all.
+            both = [pid for pid in b.task_runq if pid in a.task_runq]
+            if both:
+                runq = max(runq, sum(b.task_runq[q] - a.task_runq[q] for q in both) / per * len(b.task_runq) / len(both))
         dt = b.t - a.t
         placement = pool.kind if pool is not None else "process"
         threads = 1 if placement == "inline" else max(1, venv.env_threads)

@@ -94,19 +94,25 @@ def command_s(shard: float, threads: int, cpu_s: float, wait_s: float, lockstep:
     return max(rounds * (cpu_s + handoff_s + wait_s), shard * (cpu_s + handoff_s), shard * cpu_s + wait_s)
 
 
-def wait_from_command(command: float, shard: int, threads: int, cpu_s: float) -> float:
+def wait_from_command(command: float, shard: int, threads: int, cpu_s: float, runq_s: float = 0.0) -> float:
     """The per-step waiting that makes :func:`command_s` last ``command`` seconds (its inverse in ``wait_s``).
+
+    ``runq_s``: what the command's threads together spent runnable but without a CPU; each thread loses
+    its share of it. (Where the GIL serialises CPU-bound envs on more processes than cores, the holder's
+    queueing holds the other threads up too, and some of that still reads as waiting: the controller's
+    measurements, not this estimate, decide there.)
 
     >>> round(1e3 * wait_from_command(command_s(24, 24, 1e-3, 10e-3), 24, 24, 1e-3), 3)
     10.0
     >>> round(1e3 * wait_from_command(command_s(12, 4, 50e-6, 3e-3), 12, 4, 50e-6), 3)
     3.0
+    >>> wait_from_command(14e-3, 12, 4, 1e-3, runq_s=8e-3)   # CPU-bound on 4 threads, queueing 0.5 ms a thread
+    0.0
     """
     t = max(1, min(threads, shard))
     rounds = math.ceil(shard / t)
-    by_rounds = command / rounds - cpu_s
-    by_gil = command - shard * cpu_s
-    return max(0.0, min(by_rounds, by_gil))
+    mine = command - runq_s / t  # one thread's time, less its queueing for a CPU
+    return max(0.0, min(mine / rounds - cpu_s, mine - shard * cpu_s))
 
 
 INLINE_MAX_STEP_S = 250e-6

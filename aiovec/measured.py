@@ -72,7 +72,8 @@ def infer_costs(m: Measurement) -> Costs:
     shard = m.largest_shard or largest_shard(m.num_envs, max(1, m.num_workers))
     t = max(1, min(m.threads, shard))
     if t > 1:  # threads hide waits and queue for the GIL: invert the model's command time
-        step = cpu + wait_from_command(step * shard / t, shard, t, cpu)
+        command = (step + m.runq_per_step) * shard / t  # a command's wall time (per-step figures are per thread)
+        step = cpu + wait_from_command(command, shard, t, cpu, m.runq_per_step * shard)
     return costs_from(cpu, step, m.main_cpu_per_step, "process")
 
 
@@ -85,8 +86,8 @@ class MeasuredController:
     >>> warm, first, second = ctrl.decide(m), ctrl.decide(m), ctrl.decide(m)   # no single interval decides
     >>> warm.reason, first.reason
     ('warming up 2p x 1t: 400 steps/s not counted', 'measuring 2p x 1t: 400 steps/s (1/2)')
-    >>> (second.target, second.threads)   # 64 waiting envs: two processes, a thread per env
-    (2, 32)
+    >>> (second.target, second.threads)   # 64 waiting envs: a few processes, threads for the rest
+    (3, 22)
     """
 
     def __init__(
@@ -126,6 +127,8 @@ class MeasuredController:
         self._jump_x: list[float] = []  # steps/s of the intervals that showed a change of cost
         self._regimes: list[tuple[Costs, dict[Config, _Record]]] = []  # what earlier env costs measured
         self._decide_now = False
+        self._settled_in = 0  # skipped intervals since the last process move: how long envs took to move
+        self._slow_moves = False  # the last process move took more than two intervals (long episodes)
         self.regime_changes = 0
 
     # -- the decision ---------------------------------------------------------------------
@@ -136,6 +139,7 @@ class MeasuredController:
             return self._hold(cur, f"skipped: caller asked for steps only {m.demand:.0%} of the interval", measured=False)
         if m.settling and self._skips < self.max_settling_skips:
             self._skips += 1
+            self._settled_in += 1
             return self._hold(cur, "skipped: workers starting or envs moving", measured=False)
         self._skips = 0
         self._i += 1
@@ -145,6 +149,7 @@ class MeasuredController:
         regime = self._track(cur, x, costs)
         if self._drop_first:  # the first interval after processes changed: new workers warm up
             self._drop_first = False
+            self._slow_moves = self._settled_in > 2
             return self._hold(cur, f"{regime}warming up {cur.label}: {x:,.0f} steps/s not counted")
         self._visit.append(x)
         rec = self.records.setdefault(cur, _Record())
@@ -179,12 +184,18 @@ class MeasuredController:
         earlier cost measured is kept: an env that returns to a cost it had resumes that cost's
         measurements and bans (no re-exploring what is known); a new cost starts afresh, threads first.
         """
-        if cur != self._here:
-            self._here, self._visit, self.costs, self._jumps, self._jump_x = cur, [], costs, 0, []
-            return ""
         old = self.costs
-        assert old is not None
-        if _changed(old, costs, self.cost_change):
+        if cur != self._here:
+            self._here, self._visit = cur, []
+            # Across configurations the inferred waiting carries the model's errors: only a jump of CPU counts.
+            if old is None or not _cpu_moved(old.cpu_s, costs.cpu_s):
+                self.costs, self._jumps, self._jump_x = costs, 0, []
+                return ""
+            jump = True
+        else:
+            assert old is not None
+            jump = _changed(old, costs, self.cost_change)
+        if jump:
             self._jumps += 1
             self._jump_x.append(x)
         else:
@@ -198,7 +209,8 @@ class MeasuredController:
             known = next((r for c, r in self._regimes if not _changed(c, costs, self.cost_change)), None)
             self.records = known if known is not None else {}
             self.costs, self._jumps, self._base, self._visit, self._jump_x = costs, 0, None, [], []
-            self._probes_left, self._threads_first, self._explored_processes = self.probes, known is None, False
+            # a cost seen before: its measurements decide, no new process probes; a new one: threads first
+            self._probes_left, self._threads_first, self._explored_processes = self.probes, known is None, known is not None
             self._decide_now = True
             self.regime_changes += 1
             return (f"env cost changed (CPU {1e3 * old.cpu_s:.2f} -> {1e3 * costs.cpu_s:.2f} ms, "
@@ -237,8 +249,8 @@ class MeasuredController:
         # The model far off (stragglers, a busy host) counts as unsure too.
         unsure = costs.waiting_share > 0.3 or m.lockstep is False or not 0.7 <= cal <= 1.4
         explore = _neighbours(cur, cands) if unsure else set()
-        if self._explored_processes:  # process moves cost episodes of mixed placement: one look per regime
-            explore = {c for c in explore if c.processes == cur.processes}
+        if self._explored_processes or self._slow_moves:  # process moves cost episodes of mixed placement: one look
+            explore = {c for c in explore if c.processes == cur.processes}  # per regime, none where episodes are long
         for c in cands:
             rec = self.records.get(c)
             if rec is not None and rec.banned_until > self._i and c != cur:
@@ -258,7 +270,10 @@ class MeasuredController:
         score, measured, best = min(near, key=lambda t: (_resources(t[2]), -t[0]))
         if best == cur:
             return None
-        need = here * (1 + self.gain) if _resources(best) >= _resources(cur) else here * (1 - self.prefer)
+        if _resources(best) < _resources(cur) and measured:
+            need = here * (1 - self.prefer)  # fewer resources: a measured near-tie will do
+        else:  # a prediction must promise a gain: every move costs intervals (and process moves, episodes)
+            need = here * (1 + self.gain)
         if score < need and not force:
             return None
         if not measured:
@@ -282,14 +297,20 @@ class MeasuredController:
             counts = [p for p in every if p >= self.min_workers] or [self.min_workers]
         fits = self.costs is None or inline_fits(self.costs)
         out = [Config.inline()] if m.inline_ok and fits and not m.fixed_workers and not m.fixed_threads else []
+        cpu_bound = self.costs is not None and self.costs.waiting_share < 0.1  # threads cannot overlap anything
         for p in counts:
-            threads = [max(1, m.threads)] if m.fixed_threads else efficient_threads(largest_shard(n, p), self.max_threads)
+            if m.fixed_threads:
+                threads = [max(1, m.threads)]
+            else:
+                threads = [1] if cpu_bound else efficient_threads(largest_shard(n, p), self.max_threads)
             out.extend(Config("process", p, t) for t in threads)
         return out
 
     def _move(self, cur: Config, to: Config, m: Measurement, why: str) -> Decision:
         self._base = (cur, statistics.median(self._visit[-6:])) if self._visit else None
         self._drop_first = to.processes != cur.processes or to.placement != cur.placement
+        if self._drop_first:
+            self._settled_in = 0
         return Decision(to.processes, f"move to {why}", threads=to.threads, placement=to.placement)
 
     def _hold(self, cur: Config, why: str, measured: bool = True) -> Decision:
@@ -305,13 +326,13 @@ def plan_start(num_envs: int, cpu_s: float, wall_s: float, cpus: float, workers:
     """Processes and threads per process to start envs of this probed cost with, ``(workers, threads)``.
 
     Envs that mostly wait: the configuration the cost model rates best (the fewest processes, then
-    threads, within 3% of the top; lock-step efficient counts only), which the controller then
+    threads, within 1% of the top; lock-step efficient counts only), which the controller then
     measures. Other envs: ``workers`` (one per core at most) with one thread.
 
     >>> plan_start(48, 1e-3, 11e-3, 2, 2)   # 1 ms CPU + 10 ms waiting: the GIL of 2 processes would bind
-    (4, 12)
+    (4, 6)
     >>> plan_start(64, 20e-6, 5e-3, 2, 2)   # nearly pure waiting: threads, few processes
-    (2, 32)
+    (5, 13)
     >>> plan_start(8, 1e-3, 1e-3, 2, 2)
     (2, 1)
     """
@@ -322,7 +343,7 @@ def plan_start(num_envs: int, cpu_s: float, wall_s: float, cpus: float, workers:
     cands = [Config("process", p, t) for p in efficient_counts(num_envs) for t in efficient_threads(largest_shard(num_envs, p), max_threads)]
     rated = [(predict(c, costs, num_envs, cpus), c) for c in cands]
     top = max(x for x, _ in rated)
-    best = min((c for x, c in rated if x >= 0.97 * top), key=_resources)
+    best = min((c for x, c in rated if x >= 0.99 * top), key=_resources)  # a guess before any measurement: near the top
     return best.processes, best.threads
 
 
@@ -353,6 +374,11 @@ def _neighbours(cur: Config, cands: list[Config]) -> set[Config]:
 def _resources(c: Config) -> tuple[int, int]:
     """What a configuration costs the machine: processes first (memory, start-up), then threads; inline least."""
     return (0, 0) if c.placement == "inline" else (c.processes, c.threads)
+
+
+def _cpu_moved(a: float, b: float) -> bool:
+    """A change of per-step CPU that no change of configuration explains (thread hand-overs, contention): x2 and 100 us."""
+    return abs(a - b) > 100e-6 and max(a, b) > 2 * max(min(a, b), 1e-9)
 
 
 def _changed(a: Costs, b: Costs, factor: float) -> bool:

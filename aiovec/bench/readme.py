@@ -2,6 +2,7 @@
 
     python -m aiovec.bench core --out bench-results/core.json
     python -m aiovec.bench v2 --out bench-results/v2.json
+    python -m aiovec.bench controller --out bench-results/controller.json
     aiovec demo --output bench-results/demo
     python -m aiovec.bench ray --out bench-results/ray.json
     python examples/ppo_speedup.py           # examples/results/ppo_speedup/table.md
@@ -41,6 +42,22 @@ def v2_block(path: Path) -> str:
             f"(aiovec defaults after a {r['aiovec_warmup_s']:g} s warm-up); median (min-max over repeats); steps/s with all envs "
             "counted; ratios paired within a repeat." + (" Quick run: not a measurement." if r["quick"] else ""))
     return head + "\n\n" + render_text(r).replace("\nElapsed:", "\nWhole run:")
+
+
+def controller_block(path: Path) -> str:
+    from .controller import table, targets
+
+    r = json.loads(path.read_text())
+    res = r["results"]
+    head = (f"{r.get('cpus')} CPUs; {len(next(iter(res.values()))['adaptive']['samples'])} interleaved rounds per scenario, "
+            "every static setting and the adaptive run once per round; medians [ranges]. Lock-step unless marked "
+            "first-finished; the cost change counts its whole schedule. Intervals to settle: control intervals from start "
+            "until the configuration stops changing (a reverted probe counts as holding), per round.")
+    readapt = [f"{k}: {v['adaptive']['readapt_intervals']}" for k, v in res.items() if v["adaptive"].get("readapt_intervals")]
+    tail = [""] + (["Re-adaptation, control intervals after each change of cost, per round: " + "; ".join(readapt) + ".", ""]
+                   if readapt else []) + ["Targets:"] + [f"- [{'x' if t.startswith('PASS') else ' '}] {t[5:]}" for t in targets(res)]
+    tail.append(f"\nWhole run: {r['elapsed_s']:.0f} s.")
+    return head + "\n\n" + table(res) + "\n" + "\n".join(tail)
 
 
 def demo_block(path: Path) -> str:
@@ -99,6 +116,9 @@ def main(root: str = ".") -> None:
     if v2.exists():
         text = replace(text, "bench:v2", v2_block(v2))
     demo = base / "bench-results" / "demo" / "demo.json"
+    controller = base / "bench-results" / "controller.json"
+    if controller.exists():
+        text = replace(text, "bench:controller", controller_block(controller))
     if core.exists():
         text = replace(text, "bench:core", core_block(core))
     if demo.exists():
