@@ -53,7 +53,7 @@ def controller_block(path: Path) -> str:
             "every static setting and the adaptive run once per round; medians [ranges]. Lock-step unless marked "
             "first-finished; the cost change counts its whole schedule. Intervals to settle: control intervals from start "
             "until the configuration stops changing (a reverted probe counts as holding), per round.")
-    readapt = [f"{k}: {v['adaptive']['readapt_intervals']}" for k, v in res.items() if v["adaptive"].get("readapt_intervals")]
+    readapt = [f"{k}: {v['adaptive']['readapt_intervals']}" for k, v in res.items() if any(v["adaptive"].get("readapt_intervals") or [])]
     tail = [""] + (["Re-adaptation, control intervals after each change of cost, per round: " + "; ".join(readapt) + ".", ""]
                    if readapt else []) + ["Targets:"] + [f"- [{'x' if t.startswith('PASS') else ' '}] {t[5:]}" for t in targets(res)]
     tail.append(f"\nWhole run: {r['elapsed_s']:.0f} s.")
