@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .autoconf import INLINE_MAX_STEP_S  # noqa: F401  (re-exported for the controller)
 from .configs import Config, largest_shard
 
 COMMAND_S = 40e-6
@@ -115,10 +116,9 @@ def wait_from_command(command: float, shard: int, threads: int, cpu_s: float, ru
     return max(0.0, min(mine / rounds - cpu_s, mine - shard * cpu_s))
 
 
-INLINE_MAX_STEP_S = 250e-6
-"""Envs whose step (CPU plus waiting) takes longer than this never run inline: the in-process rung steps
-envs in slices of at most ~0.25 ms between which the event loop runs (``backends/inline.SLICE_S``), and
-one env step cannot be split. Envs that mostly wait never run inline either (they would hold the loop)."""
+# Envs whose step (CPU plus waiting) takes longer than INLINE_MAX_STEP_S never run inline: a slice of the
+# in-process rung holds the event loop for at least one env step. The same limit as auto placement's.
+# Envs that mostly wait never run inline either (they would hold the loop).
 
 
 def costs_from(cpu_per_step: float, env_step_s: float, main_per_step: float, placement: str) -> Costs:

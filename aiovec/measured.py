@@ -326,8 +326,8 @@ def plan_start(num_envs: int, cpu_s: float, wall_s: float, cpus: float, workers:
     """Processes and threads per process to start envs of this probed cost with, ``(workers, threads)``.
 
     Envs that mostly wait: the configuration the cost model rates best (the fewest processes, then
-    threads, within 1% of the top; lock-step efficient counts only), which the controller then
-    measures. Other envs: ``workers`` (one per core at most) with one thread.
+    threads, within 1% of the top; lock-step efficient counts only, at most a quarter of the envs or one
+    per core as processes), which the controller then measures. Other envs: ``workers`` (one per core at most) with one thread.
 
     >>> plan_start(48, 1e-3, 11e-3, 2, 2)   # 1 ms CPU + 10 ms waiting: the GIL of 2 processes would bind
     (4, 6)
@@ -340,7 +340,11 @@ def plan_start(num_envs: int, cpu_s: float, wall_s: float, cpus: float, workers:
     if wall_s <= 0 or wait <= 0.5 * wall_s:
         return workers, 1
     costs = Costs(cpu_s, wait, 20e-6)
-    cands = [Config("process", p, t) for p in efficient_counts(num_envs) for t in efficient_threads(largest_shard(num_envs, p), max_threads)]
+    # Threads are the cheap knob for waiting envs (a process is ~40 MB and starts slowly): start with at most a
+    # quarter of the envs as processes (or one per core); the controller adds more where measurement says so.
+    # (A probe's CPU per step runs high, cold, which would otherwise favour processes over threads.)
+    cap = max(int(cpus), num_envs // 4, 1)
+    cands = [Config("process", p, t) for p in efficient_counts(num_envs, cap) for t in efficient_threads(largest_shard(num_envs, p), max_threads)]
     rated = [(predict(c, costs, num_envs, cpus), c) for c in cands]
     top = max(x for x, _ in rated)
     best = min((c for x, c in rated if x >= 0.99 * top), key=_resources)  # a guess before any measurement: near the top
