@@ -13,14 +13,17 @@ THREAD_LADDER = (1, 2, 4, 8, 16, 32)
 
 
 class Config(NamedTuple):
-    """One parallelism setting: ``placement`` ("process" or "inline"), processes, threads per process.
+    """One parallelism setting: ``placement`` ("process", "inline" or "hybrid"), processes, threads per process.
 
-    Inline means one in-process worker stepping every env in turn (processes 1, threads 1).
+    Inline means one in-process worker stepping every env in turn (processes 1, threads 1). Hybrid
+    means ``processes`` workers in all, one of them in this process (so ``processes - 1`` processes).
 
     >>> Config("process", 4, 2).label
     '4p x 2t'
     >>> Config.inline().label
     'inline'
+    >>> Config.hybrid(2).label
+    'inline + 1p'
     """
 
     placement: str
@@ -31,9 +34,17 @@ class Config(NamedTuple):
     def inline(cls) -> Config:
         return cls("inline", 1, 1)
 
+    @classmethod
+    def hybrid(cls, workers: int) -> Config:
+        return cls("hybrid", workers, 1)
+
     @property
     def label(self) -> str:
-        return "inline" if self.placement == "inline" else f"{self.processes}p x {self.threads}t"
+        if self.placement == "inline":
+            return "inline"
+        if self.placement == "hybrid":
+            return f"inline + {self.processes - 1}p"
+        return f"{self.processes}p x {self.threads}t"
 
     @property
     def concurrency(self) -> int:

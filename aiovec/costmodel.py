@@ -66,6 +66,13 @@ def predict(c: Config, costs: Costs, num_envs: int, cpus: float, lockstep: bool 
     t_cpu, t_wait, t_main = max(costs.cpu_s, 1e-7), max(costs.wait_s, 0.0), max(costs.main_s, 0.0)
     if c.placement == "inline":
         return 1.0 / (t_cpu + t_wait + INLINE_MAIN_SHARE * t_main)
+    if c.placement == "hybrid":  # this process steps a shard too, then does its turn; the processes only their shard
+        p = max(2, min(c.processes, n))
+        s = largest_shard(n, p) if lockstep else n / p
+        shard = s * (t_cpu + t_wait)
+        parent = n * t_main + (p - 1) * COMMAND_S / 2
+        batch = max(shard + COMMAND_S, shard + parent, (n * t_cpu + parent + (p - 1) * COMMAND_S) / cpus)
+        return n / batch
     p = max(1, min(c.processes, n))
     s = largest_shard(n, p) if lockstep else n / p
     t = max(1, min(c.threads, math.ceil(s)))
@@ -121,12 +128,18 @@ def wait_from_command(command: float, shard: int, threads: int, cpu_s: float, ru
 # Envs that mostly wait never run inline either (they would hold the loop).
 
 
-def costs_from(cpu_per_step: float, env_step_s: float, main_per_step: float, placement: str) -> Costs:
+def costs_from(cpu_per_step: float, env_step_s: float, main_per_step: float, placement: str, inline_share: float = 1.0) -> Costs:
     """Per-step costs from what one interval measured at some configuration.
 
-    Inline, the parent's CPU includes the envs' own; with processes it includes a command per
-    worker per batch, which :func:`predict` adds back per configuration.
+    Inline, the parent's CPU includes the envs' own; hybrid, the CPU of the ``inline_share`` of envs
+    it steps; with processes it includes a command per worker per batch, which :func:`predict` adds
+    back per configuration.
     """
     wait = max(0.0, env_step_s - cpu_per_step)
-    main = max(0.0, main_per_step - cpu_per_step) / INLINE_MAIN_SHARE if placement == "inline" else main_per_step
+    if placement == "inline":
+        main = max(0.0, main_per_step - cpu_per_step) / INLINE_MAIN_SHARE
+    elif placement == "hybrid":
+        main = max(0.0, main_per_step - inline_share * cpu_per_step)
+    else:
+        main = main_per_step
     return Costs(cpu_per_step, wait, main)

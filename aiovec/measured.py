@@ -53,6 +53,8 @@ def config_of(m: Measurement) -> Config:
     """The configuration an interval ran under."""
     if m.placement == "inline":
         return Config.inline()
+    if m.placement == "hybrid":
+        return Config.hybrid(max(2, m.num_workers))
     return Config("process", m.num_workers, max(1, m.threads))
 
 
@@ -69,6 +71,8 @@ def infer_costs(m: Measurement) -> Costs:
     step = cpu + m.blocked_per_step
     if m.placement == "inline":
         return costs_from(cpu, step, m.main_cpu_per_step, "inline")
+    if m.placement == "hybrid":
+        return costs_from(cpu, step, m.main_cpu_per_step, "hybrid", 1 / max(2, m.num_workers))
     shard = m.largest_shard or largest_shard(m.num_envs, max(1, m.num_workers))
     t = max(1, min(m.threads, shard))
     if t > 1:  # threads hide waits and queue for the GIL: invert the model's command time
@@ -78,7 +82,7 @@ def infer_costs(m: Measurement) -> Costs:
 
 
 class MeasuredController:
-    """Processes, threads per process and the inline rung, chosen by measured throughput (see module doc).
+    """Processes, threads per process and the in-process rungs (inline, hybrid), chosen by measured throughput (see module doc).
 
     >>> ctrl = aiovec.MeasuredController()
     >>> m = aiovec.Measurement(interval_s=1.0, num_workers=2, num_envs=64, steps=400, cpu_per_step=20e-6,
@@ -226,8 +230,8 @@ class MeasuredController:
         lockstep = m.lockstep is not False
         cal = here / max(predict(cur, model, m.num_envs, m.cpus, lockstep), 1e-9)
         allowed = self._allowed(m)
-        if cur.placement == "inline" and cur not in allowed:  # too costly to step in this process: leave at once
-            pick = self._best([c for c in allowed if c.placement != "inline"], cur, here, model, cal, m, lockstep, force=True)
+        if cur.placement in ("inline", "hybrid") and cur not in allowed:  # too costly to step in this process: leave at once
+            pick = self._best([c for c in allowed if c.placement == "process"], cur, here, model, cal, m, lockstep, force=True)
             if pick is not None:
                 return pick
         if self._threads_first:
@@ -296,7 +300,10 @@ class MeasuredController:
                 every = [p for p in every if n % p == 0 or p & (p - 1) == 0]
             counts = [p for p in every if p >= self.min_workers] or [self.min_workers]
         fits = self.costs is None or inline_fits(self.costs)
-        out = [Config.inline()] if m.inline_ok and fits and not m.fixed_workers and not m.fixed_threads else []
+        here = m.inline_ok and fits and not m.fixed_workers and not m.fixed_threads
+        out = [Config.inline()] if here else []
+        if here:  # this process as one of the workers: at most one per CPU in all
+            out.extend(Config.hybrid(p) for p in counts if 2 <= p <= max(2, int(m.cpus)))
         cpu_bound = self.costs is not None and self.costs.waiting_share < 0.1  # threads cannot overlap anything
         for p in counts:
             if m.fixed_threads:
@@ -377,6 +384,8 @@ def _neighbours(cur: Config, cands: list[Config]) -> set[Config]:
 
 def _resources(c: Config) -> tuple[int, int]:
     """What a configuration costs the machine: processes first (memory, start-up), then threads; inline least."""
+    if c.placement == "hybrid":
+        return (c.processes - 1, c.threads)
     return (0, 0) if c.placement == "inline" else (c.processes, c.threads)
 
 

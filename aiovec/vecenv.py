@@ -423,7 +423,7 @@ class AsyncVecEnv:
             workers = 1
         elif kind == "hybrid":
             workers = max(2, workers) if self._num_workers_arg == "auto" else workers
-        if auto and self._explicit_controller is None and kind != "hybrid":  # the controller has no hybrid rung yet
+        if auto and self._explicit_controller is None:
             from .measured import plan_start
 
             # Controller v2 (processes, threads per process, the inline rung), also for an inline start:

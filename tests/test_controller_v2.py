@@ -219,3 +219,25 @@ def test_inline_start_moves_to_processes_when_the_env_turns_costly_and_back(clea
     if inline_x and proc_x:
         assert statistics.median(proc_x) >= 0.9 * statistics.median(inline_x), trace
     assert_clean(clean)
+
+
+def test_hybrid_is_a_rung_for_envs_that_compute_and_is_left_when_a_step_gets_too_long() -> None:
+    """This process as one of the workers (hybrid): where the model rates it best and in-process stepping is
+    allowed; never for envs whose step would hold the event loop over the limit; never without permission."""
+
+    def run(c: Config, n: int, t_cpu: float, inline_ok: bool) -> list[Config]:
+        ctrl, trace = MeasuredController(), []
+        for _ in range(12):  # the parent's turn: ~1 us per env step, as measured for the process path
+            x = predict(c, Costs(t_cpu, 0.0, 1e-6), n, 2)
+            d = ctrl.decide(Measurement(1.0, c.processes, n, int(x), t_cpu, 0.0, 0.0, 1e-6, 1.0, 2, threads=c.threads,
+                                        placement=c.placement, lockstep=True, inline_ok=inline_ok))
+            c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+            trace.append(c)
+        return trace
+
+    trace = run(Config("process", 2, 1), 64, 20e-6, inline_ok=True)
+    assert trace[-1] == Config.hybrid(2), trace
+    trace = run(Config.hybrid(2), 8, 1e-3, inline_ok=True)
+    assert trace[-1].placement == "process" and Config.hybrid(2) not in trace[2:], trace
+    trace = run(Config("process", 2, 1), 64, 20e-6, inline_ok=False)
+    assert all(c.placement == "process" for c in trace), trace

@@ -80,6 +80,7 @@ def test_auto_places_cheap_envs_inline_and_respects_opt_outs(run_uv, clean) -> N
         async with aiovec.make("aiovec/Busy-v0", 4, cpu_ms=0.2) as venv:
             two = available_cpus() > 1
             assert venv.placement == ("hybrid" if two else "inline") and venv.num_workers == min(available_cpus(), 4)
+            assert isinstance(venv.controller, aiovec.MeasuredController)  # hybrid is one of its rungs
         async with aiovec.make("aiovec/Busy-v0", 4, cpu_ms=0.2, placement="process") as venv:
             assert venv.placement == "process"
         async with aiovec.make("aiovec/Busy-v0", 4, cpu_ms=1.0) as venv:  # one step would hold the loop 1 ms
