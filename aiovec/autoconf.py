@@ -94,10 +94,12 @@ def spin_for(num_workers: int, cpus: int) -> float:
     return SPIN_S if num_workers < cpus else 0.0
 
 
-ROUND_TRIP_S = 100e-6
-"""What a batch stepped beside worker processes costs beyond the env work: waking a spinning worker,
-its reply, the parent's bookkeeping (measured on 2 CPUs, bench v2: ~65 us for one spinning worker, 8
-CartPoles 111 vs 61 us a batch inline), with margin for a host busier than the benchmark's."""
+ROUND_TRIP_S = 50e-6
+"""What a batch stepped beside worker processes (hybrid) costs beyond the env work: a command to a
+spinning worker, its reply, the parent's bookkeeping. Where ``n * t * (1 - 1/w)`` equals it, inline and
+hybrid tie. Measured on 2 CPUs (same run, lock-step, x SyncVectorEnv, inline vs hybrid): CartPole x8
+0.85 vs 0.66, x16 0.88 vs 0.89 (n t / 2 ~ 48 us: the tie), x24 0.88 vs 1.08, x32 0.85 vs 1.22, x64 0.88
+vs 1.36; HalfCheetah x8 0.86 vs 1.15."""
 
 INLINE_MAX_BUILD_S = 0.25
 """Envs slower to build than this never step in this process (a heavy simulator earns its isolation;
