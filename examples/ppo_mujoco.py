@@ -7,9 +7,9 @@ Every run is ``examples/ppo.py`` in a fresh process with observation/reward norm
 2048 steps per update (8 envs x 256 steps, or 1 env x 2048 steps), 8 minibatches x 10 epochs, learning
 rate 3e-4 annealed, no entropy bonus. With the same seed, aiovec's envs produce exactly the episodes of
 gymnasium's SyncVectorEnv with 8 envs (checked here, episode by episode), so the learning is the same
-and the wall time is the comparison. aiovec runs with a fixed worker count: the adaptive controller
-(``num_workers="auto"``) moves envs between workers, and a moved env is rebuilt from its factory with
-only its RNG restored, which resets the normalisation wrappers' statistics and changes the trajectory.
+and the wall time is the comparison. aiovec runs with a fixed worker count, so that every run does the
+same work (a move now carries the normalisation wrappers' statistics, so the adaptive controller would
+keep the trajectories too, but its probes cost time that differs between runs).
 
 Writes ``results.json`` and ``table.md`` to ``--out``.
 """
@@ -94,7 +94,8 @@ def table(runs: list[dict], args: argparse.Namespace, core: str) -> str:
             f"| {statistics.median(r['setup_s'] for r in rs):.2f}s | {share('env_s')} | {share('inference_s')} | {share('learn_s')} | {same_s} |"
         )
     lines += ["", "Profile: share of wall time awaiting env results (env), in the policy's forward pass (inference) and in "
-              "PPO updates (learn); set-up: construction to the first step's result. aiovec: 2 worker processes, fixed."]
+              "PPO updates (learn); set-up: construction to the first step's result. aiovec: 2 workers, fixed (hybrid: "
+              "one shard in this process, one worker process; otherwise 2 worker processes)."]
     return "\n".join(lines)
 
 
@@ -106,6 +107,7 @@ def main() -> None:
     p.add_argument("--settings", default=",".join(DEFAULT), help=f"comma-separated, from {list(SETTINGS)}")
     p.add_argument("--out", type=Path, default=None, help="output folder (default: examples/results/ppo_mujoco; --quick: a temp dir)")
     p.add_argument("--quick", action="store_true", help="smoke run: seed 1, 8192 steps")
+    p.add_argument("--render", action="store_true", help="no runs: write table.md again from --out's results.json")
     args = p.parse_args()
     args.seeds = [int(x) for x in args.seeds.split(",")] if "," in args.seeds else list(range(1, int(args.seeds) + 1))
     args.settings = args.settings.split(",")
@@ -117,6 +119,13 @@ def main() -> None:
     if bad:
         p.error(f"unknown settings {bad}")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.render:
+        saved = json.loads((args.out / "results.json").read_text())
+        args.steps = int(saved["args"]["steps"])
+        md = table(saved["runs"], args, saved["core"])
+        (args.out / "table.md").write_text(md + "\n")
+        print(md)
+        return
     core = core_version()
     print(f"core: {core}\nout: {args.out}", flush=True)
     runs: list[dict] = []
