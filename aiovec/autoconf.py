@@ -29,11 +29,12 @@ class StepCost:
         return 0.0 if self.wall_s <= 0 else max(0.0, 1.0 - self.cpu_s / self.wall_s)
 
 
-def probe_step_cost(env: Any, max_steps: int = 20, max_s: float = 0.05) -> StepCost | None:
+def probe_step_cost(env: Any, max_steps: int = 40, max_s: float = 0.05) -> StepCost | None:
     """Time up to ``max_steps`` random steps of ``env`` (at most ~``max_s``); None if it cannot step.
 
-    The median step, not the mean: the first steps of a fresh env (lazy imports, caches) and a
-    preemption on a busy machine would otherwise decide the worker count.
+    The lower quartile, not the mean or the median: cold first steps of a fresh env (lazy imports,
+    caches), a preemption on a busy machine and, for a probe in a helper thread, waits for the GIL
+    only ever lengthen a step, and they would otherwise decide the placement and the worker count.
     """
     try:
         env.reset(seed=0)
@@ -49,9 +50,13 @@ def probe_step_cost(env: Any, max_steps: int = 20, max_s: float = 0.05) -> StepC
             wall.append(time.perf_counter() - w0)
             if term or trunc:
                 env.reset()
-        return StepCost(statistics.median(cpu), statistics.median(wall)) if wall else None
+        return StepCost(_lower_quartile(cpu), _lower_quartile(wall)) if wall else None
     except Exception:
         return None
+
+
+def _lower_quartile(xs: list[float]) -> float:
+    return statistics.quantiles(xs, n=4)[0] if len(xs) >= 4 else min(xs)
 
 
 def plan_workers(num_envs: int, cost: StepCost | None, cpus: int) -> int:
