@@ -1,0 +1,49 @@
+"""The start of ``"auto"``: the probe of env 0's step cost, and the placement it leads to."""
+
+from __future__ import annotations
+
+import time
+
+import gymnasium as gym
+import numpy as np
+
+from aiovec.autoconf import ROUND_TRIP_S, StepCost, choose_placement, probe_step_cost
+
+
+class ColdStart(gym.Env):
+    """Its first 12 steps are slow (lazy imports, cold caches), then each costs ~0.1 ms of CPU."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.steps += 1
+        end = time.perf_counter() + (2e-3 if self.steps <= 12 else 1e-4)
+        while time.perf_counter() < end:
+            pass
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+def test_probe_reads_the_steady_cost_not_the_cold_first_steps() -> None:
+    cost = probe_step_cost(ColdStart())
+    assert cost is not None and cost.wall_s < 1e-3 and cost.cpu_s < 1e-3, cost  # its first 12 steps took 2 ms each
+    assert cost.waiting_share < 0.5, cost
+
+
+def test_placement_rule() -> None:
+    cheap = StepCost(cpu_s=6e-6, wall_s=6e-6)  # CartPole
+    assert choose_placement(8, cheap, 2, 1e-3) == "inline"
+    assert choose_placement(64, cheap, 2, 1e-3) == "hybrid"
+    assert choose_placement(64, cheap, 1, 1e-3) == "inline"  # one CPU: nothing to share the work with
+    n = int(2 * ROUND_TRIP_S / cheap.wall_s)  # where n t (1 - 1/2) crosses the round trip
+    assert choose_placement(n - 1, cheap, 2, 1e-3) == "inline" and choose_placement(n + 2, cheap, 2, 1e-3) == "hybrid"
+    assert choose_placement(64, StepCost(cpu_s=20e-6, wall_s=2e-3), 2, 1e-3) == "process"  # mostly waiting
+    assert choose_placement(64, cheap, 2, 1.0) == "process"  # slow to build
+    assert choose_placement(8, StepCost(cpu_s=1e-3, wall_s=1e-3), 2, 1e-3) == "process"  # one step would hold the loop 1 ms
