@@ -309,9 +309,8 @@ class WorkerPool:
         infos, errors, cpu_s, wall_s = done
         ids = w.shard
         self.stats.record(wid, len(ids), cpu_s, wall_s, 0.0, wall_s)
-        if errors is None and infos is not None:
-            infos = P.pack_infos(infos)
-        if errors is None and (infos is None or type(infos) is P.InfoRecords):
+        infos = P.pack_step_infos(infos, errors)
+        if P.is_fast_step(infos, errors):
             self.on_step(ids, infos)
         else:
             handler(wid, P.Reply(P.STEP, ids, infos, errors, P.Timing(cpu_s, wall_s)), None)
@@ -566,7 +565,7 @@ class WorkerPool:
         self._after_reply(wid, w)
 
     def _on_step_timing(self, wid: int, cpu_s: float, wall_s: float, runq_s: float, infos: P.InfoRecords | None) -> None:
-        """A step reply without errors (infos None or columns): the hot path, no reply object built."""
+        """A step reply without errors (infos None or records): the hot path, no reply object built."""
         w = self.workers.get(wid)
         if w is None:
             return

@@ -209,6 +209,23 @@ def records_reply(timing: Timing, infos: InfoRecords, schemas: dict[tuple, int])
     return _RECORDS.pack(RECORDS_MARK, *timing, number, len(schema), infos.rows) + schema + infos.data
 
 
+def pack_step_infos(infos: list[dict | None] | None, errors: list | None) -> InfoRecords | list[dict | None] | None:
+    """A step's infos as the fast paths carry them: records where :func:`pack_infos` can (no errors), else as they are."""
+    return pack_infos(infos) if infos is not None and errors is None else infos
+
+
+def is_fast_step(infos: Any, errors: list | None) -> bool:
+    """Whether a step's reply takes a fast path: no errors, and infos None or records."""
+    return errors is None and (infos is None or type(infos) is InfoRecords)
+
+
+def step_frame(timing: Timing, infos: Any, schemas: dict[tuple, int]) -> bytes | None:
+    """A fast step's frame (:func:`fast_reply` or :func:`records_reply`); None where the reply must be pickled."""
+    if infos is None:
+        return fast_reply(timing)
+    return records_reply(timing, infos, schemas) if type(infos) is InfoRecords else None
+
+
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 

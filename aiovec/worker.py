@@ -524,7 +524,7 @@ def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = 
     """
     chan = _Channel(_conn)
     host = EnvHost(_buffers.views(), AutoresetMode(autoreset_mode), _buffers.obs_space, _buffers.action_space, **(host_options or {}))
-    encode, fast_reply, records_reply, step_shard = P.encode, P.fast_reply, P.records_reply, host.step_shard
+    encode, step_frame, step_shard = P.encode, P.step_frame, host.step_shard
     schemas: dict[tuple, int] = {}  # info schemas sent so far (see protocol.records_reply)
     chan.send(encode(P.Reply(P.READY, (), {"pid": os.getpid(), "spin_s": spin_s}, None, P.NO_TIMING)))
     while True:
@@ -536,14 +536,8 @@ def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = 
             os._exit(0)
         if frame == P.STEP_SHARD:
             timing, infos, errors = step_shard()
-            out = None
-            if errors is None:
-                if infos is None:
-                    out = fast_reply(timing)
-                else:
-                    infos = P.pack_infos(infos)
-                    if type(infos) is P.InfoRecords:
-                        out = records_reply(timing, infos, schemas)
+            infos = P.pack_step_infos(infos, errors)
+            out = step_frame(timing, infos, schemas) if errors is None else None
             if out is None:
                 out = encode(P.Reply(P.STEP, None, infos, errors, timing))
             msg = None
@@ -557,12 +551,7 @@ def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = 
             if op == P.TUNE:
                 reply = reply._replace(payload={**reply.payload, "spin_s": spin_s})
             elif op == P.STEP and reply.errors is None:  # the parent knows the ids it sent: the step's frames serve
-                if reply.payload is None:
-                    out = fast_reply(reply.timing)
-                else:
-                    infos = P.pack_infos(reply.payload)
-                    if type(infos) is P.InfoRecords:
-                        out = records_reply(reply.timing, infos, schemas)
+                out = step_frame(reply.timing, P.pack_step_infos(reply.payload, None), schemas)
             if out is None:
                 out = encode(reply)
         try:

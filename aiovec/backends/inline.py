@@ -154,12 +154,10 @@ class InlineWorker(WorkerHandle):
 
     def _deliver_step(self, msg: Any, ids: list, infos: list | None, errors: list | None, cpu_s: float, wall_s: float) -> None:
         """Hand a finished step to the pool as a process worker would: the fast path when it had no errors."""
-        if errors is None:
-            if infos is not None:
-                infos = P.pack_infos(infos)
-            if (infos is None or type(infos) is P.InfoRecords) and self.on_step_timing is not None and not self._exited:
-                self.on_step_timing(cpu_s, wall_s, 0.0, infos)
-                return
+        infos = P.pack_step_infos(infos, errors)
+        if P.is_fast_step(infos, errors) and self.on_step_timing is not None and not self._exited:
+            self.on_step_timing(cpu_s, wall_s, 0.0, infos)
+            return
         self._reply(P.Reply(P.STEP, None if isinstance(msg, bytes) else tuple(ids), infos, errors, P.Timing(cpu_s, wall_s)))
 
     def _run_in_thread(self, msg: Any) -> None:

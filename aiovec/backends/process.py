@@ -228,7 +228,7 @@ class ProcessWorker(WorkerHandle):
             if fast is not None and mark == P.FAST_MARK:  # the hot path: a step without infos or errors
                 _, cpu, wall, runq = _FAST.unpack(frame)
                 fast(cpu, wall, runq, None)
-            elif fast is not None and mark == P.RECORDS_MARK:  # a step whose infos came as columns
+            elif fast is not None and mark == P.RECORDS_MARK:  # a step whose infos came as records
                 timing, infos = P.decode_records(frame, self._schemas)
                 fast(*timing, infos)
             else:
