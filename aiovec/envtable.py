@@ -256,6 +256,8 @@ class EnvTable:
             if count:
                 parts.append((rows[taken], block.records, taken))
                 block.pending = taken ^ (block.pending if block.pending is not None else True)
+                if not block.pending.any():  # its last rows went now
+                    continue
             keep.append(block)
         self.info_blocks = keep
         return parts
@@ -353,6 +355,7 @@ class EnvTable:
         in_blocks = np.concatenate(pending) if pending else np.zeros(0, dtype=np.int64)
         assert (st[in_blocks] == READY).all(), "a record info is pending for an env that is not ready"
         assert len(np.unique(in_blocks)) == len(in_blocks), "an env has infos pending in two blocks"
+        assert all(b.pending is None or b.pending.any() for b in self.info_blocks), "a block with nothing pending is kept"
         assert not set(in_blocks.tolist()) & set(self.infos), "an env has both a dict info and a record info pending"
         lost = np.flatnonzero(st == LOST)
         assert all(int(i) in self.lost for i in lost), "a lost env without the error that lost it"

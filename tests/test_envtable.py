@@ -192,3 +192,17 @@ def test_random_event_sequences_match_the_reference_model(events: list) -> None:
         t.check()
         assert t.state.tolist() == [m.state[i] for i in range(N)]
         assert sorted(np.flatnonzero(t.restarted).tolist()) == sorted(m.restarted)
+
+
+def test_record_infos_collected_over_several_recvs_leave_nothing_behind() -> None:
+    t = EnvTable(N, debug=True)
+    for _ in range(3):
+        t.send(np.arange(N))
+        t.step_done(np.arange(N), np.zeros(N, bool), np.zeros(N, bool), pack_infos([{"env": i} for i in range(N)]), None)
+        got = []
+        for part in (np.array([4, 1]), np.array([0, 5, 2]), np.array([3])):  # first-finished batches across one reply
+            rows, parts = t.collect(part)
+            infos = batch_infos(len(part), rows, parts)
+            got += list(zip(part.tolist(), infos["env"].tolist(), strict=True))
+        assert sorted(got) == [(i, i) for i in range(N)]  # each env its own info, once
+        assert t.info_blocks == []  # a block whose rows are all delivered is dropped
