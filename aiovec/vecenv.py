@@ -220,6 +220,8 @@ class AsyncVecEnv:
                               "use placement='process' (the default with step_timeout)")
         if placement in ("inline", "hybrid") and backend != "process":
             raise ConfigError(f"placement={placement!r} steps envs in this process; it does not combine with backend={backend!r}")
+        if placement == "hybrid" and num_workers != "auto" and num_workers < 2:
+            raise ConfigError(f"placement='hybrid' counts this process as one of num_workers, so it needs num_workers >= 2, got {num_workers}")
         self._env_threads_arg = env_threads  # None: not set by the user (the controller may turn it)
         self.env_threads = 1 if env_threads is None else _positive_int(env_threads, "env_threads")
         if check_obs is None:
@@ -807,6 +809,8 @@ class AsyncVecEnv:
         n = _positive_int(num_workers, "num_workers")
         if placement not in (None, "inline", "process", "hybrid"):
             raise ConfigError(f"placement must be 'inline', 'process' or 'hybrid', got {placement!r}")
+        if placement == "hybrid" and n < 2:
+            raise ConfigError(f"placement='hybrid' counts this process as one of num_workers, so it needs num_workers >= 2, got {n}")
         await self.start()
         pool = self._pool
         if placement in ("inline", "hybrid") and "inline" not in pool.backends:  # type: ignore[union-attr]

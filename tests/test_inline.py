@@ -95,6 +95,8 @@ def test_inline_refuses_what_it_cannot_honour(clean) -> None:
         aiovec.make("CartPole-v1", 2, placement="inline", step_timeout=1.0)
     with pytest.raises(ConfigError, match="placement"):
         aiovec.make("CartPole-v1", 2, placement="elsewhere")
+    with pytest.raises(ConfigError, match="num_workers >= 2"):
+        aiovec.make("CartPole-v1", 2, placement="hybrid", num_workers=1)
     assert_clean(clean)
 
 
