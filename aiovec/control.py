@@ -73,9 +73,10 @@ class ControlLoop:
         # Knobs the user set: a number of workers, or any number of threads (the default is None).
         self.fixed_workers = venv._num_workers_arg != "auto"
         self.fixed_threads = getattr(venv, "_env_threads_arg", None) is not None
+        self.fixed_placement = venv.placement_arg != "auto"
         self._seen = [0, 0]  # wake-ups that found the caller in step() (lock-step) / in recv() (first-finished)
         pool = venv._pool
-        self.inline_ok = pool is not None and "inline" in pool.backends and venv.placement_arg == "auto" and not self.fixed_workers
+        self.inline_ok = pool is not None and "inline" in pool.backends and venv.placement_arg != "process" and not self.fixed_workers
 
     def _sample(self) -> _Sample:
         stats = self.venv._stats
@@ -127,6 +128,7 @@ class ControlLoop:
             cpus=self._cpus, settling=settling, live_workers=venv.num_workers,
             threads=threads, placement=placement, lockstep=lockstep, largest_shard=shard,
             fixed_workers=self.fixed_workers, fixed_threads=self.fixed_threads, inline_ok=self.inline_ok,
+            fixed_placement=self.fixed_placement,
         )
 
     async def apply(self, m: Measurement, d: Decision) -> bool:
@@ -135,7 +137,7 @@ class ControlLoop:
         if pool is None:
             return False
         moved = False
-        if d.placement is not None and d.placement != m.placement and not self.fixed_workers:
+        if d.placement is not None and d.placement != m.placement and not self.fixed_workers and not self.fixed_placement:
             if d.placement == "process" and d.threads is not None and d.threads != venv.env_threads:
                 await venv.set_env_threads(d.threads)  # new workers start with it
             await venv.resize(max(1, d.target), placement=d.placement)

@@ -45,7 +45,8 @@ class Measurement:
     largest_shard: int = 0  # envs on the busiest worker (the lock-step critical path); 0: unknown
     fixed_workers: bool = False  # the user fixed the process count (num_workers=<int>)
     fixed_threads: bool = False  # the user fixed env_threads
-    inline_ok: bool = False  # the in-process rung may be used (placement="auto", no step_timeout, process backend)
+    inline_ok: bool = False  # the in-process rungs may be used (no step_timeout, process backend, placement not "process")
+    fixed_placement: bool = False  # the user chose the placement: configurations keep the current one
 
     @property
     def throughput(self) -> float:

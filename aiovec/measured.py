@@ -299,11 +299,14 @@ class MeasuredController:
             if m.lockstep is False:  # first-finished: no critical path; even shards, doubling (each a measurable step)
                 every = [p for p in every if n % p == 0 or p & (p - 1) == 0]
             counts = [p for p in every if p >= self.min_workers] or [self.min_workers]
-        fits = self.costs is None or inline_fits(self.costs)
+        fits = self.costs is None or inline_fits(self.costs) or m.fixed_placement  # the user's choice stands
         here = m.inline_ok and fits and not m.fixed_workers and not m.fixed_threads
-        out = [Config.inline()] if here else []
-        if here:  # this process as one of the workers: at most one per CPU in all
+        keep = m.placement if m.fixed_placement else None
+        out = [Config.inline()] if here and keep in (None, "inline") else []
+        if here and keep in (None, "hybrid"):  # this process as one of the workers: at most one per CPU in all
             out.extend(Config.hybrid(p) for p in counts if 2 <= p <= max(2, int(m.cpus)))
+        if keep not in (None, "process"):
+            return out
         cpu_bound = self.costs is not None and self.costs.waiting_share < 0.1  # threads cannot overlap anything
         for p in counts:
             if m.fixed_threads:

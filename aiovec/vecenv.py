@@ -142,7 +142,9 @@ class AsyncVecEnv:
             backend: inline for envs measured so cheap that a round trip costs more than the
             parallelism gains, hybrid for other envs that compute, processes for envs that mostly
             wait, are slow to build (> 0.25 s) or take over 0.5 ms a step (one step is the least a
-            slice can hold the loop); processes whenever a condition is not met.
+            slice can hold the loop); processes whenever a condition is not met. A placement you
+            choose stays: the controller (``num_workers="auto"``) then tunes only within it
+            (hybrid: how many processes; process: processes and threads; inline: nothing to tune).
 
     Env 0 is built once to learn the spaces. Constructed where no event loop runs (a plain
     script), that happens here and a factory that raises is a ``ConfigError`` at once. Constructed
@@ -263,7 +265,8 @@ class AsyncVecEnv:
         self._closed = False
         self._all = np.arange(n)
         self._explicit_controller = controller
-        self.controller = controller if controller is not None else (MeasuredController() if num_workers == "auto" else None)
+        tunable = num_workers == "auto" and placement != "inline"  # inline: one worker, nothing to tune
+        self.controller = controller if controller is not None else (MeasuredController() if tunable else None)
         self._control: ControlLoop | None = None
         self._control_task: asyncio.Task | None = None
 
@@ -425,7 +428,7 @@ class AsyncVecEnv:
             workers = 1
         elif kind == "hybrid":
             workers = max(2, workers) if self._num_workers_arg == "auto" else workers
-        if auto and self._explicit_controller is None:
+        if auto and self._explicit_controller is None and self.placement_arg != "inline":
             from .measured import plan_start
 
             # Controller v2 (processes, threads per process, the inline rung), also for an inline start:

@@ -115,6 +115,20 @@ def test_cheap_envs_may_move_inline_when_allowed() -> None:
     assert all(c.placement == "process" for c in trace)
 
 
+
+def test_a_placement_the_user_chose_stays() -> None:
+    """placement="inline"/"hybrid"/"process" with num_workers="auto": the controller tunes only within it,
+    even where the model rates another placement better (it once left an explicit inline for processes)."""
+    trace = follow(MeasuredController(), Config.inline(), 12, n=8, t_cpu=10e-6, t_wait=0.0, inline_ok=True, fixed_placement=True)
+    assert set(trace) == {Config.inline()}, trace
+    trace = follow(MeasuredController(), Config.inline(), 12, n=8, t_cpu=10e-6, t_wait=0.0, inline_ok=False)  # not allowed: leaves
+    assert trace[-1].placement == "process", trace
+    trace = follow(MeasuredController(), Config.hybrid(2), 12, n=8, t_cpu=2e-3, t_wait=0.0, inline_ok=True, fixed_placement=True)
+    assert {c.placement for c in trace} == {"hybrid"}, trace  # too costly for the model, but the user's choice
+    trace = follow(MeasuredController(), Config("process", 2, 1), 12, n=16, t_cpu=10e-6, t_wait=0.0, inline_ok=True,
+                   fixed_placement=True)
+    assert {c.placement for c in trace} == {"process"}, trace
+
 def test_v1_measurements_and_decisions_keep_working() -> None:
     m = Measurement(1.0, 2, 16, 1800, 1e-3, 0.0, 1e-4, 5e-5, 1.0, 2)  # positional, as v1 callers build it
     assert m.threads == 1 and m.placement == "process" and m.lockstep is None

@@ -85,6 +85,8 @@ def test_auto_places_cheap_envs_inline_and_respects_opt_outs(run_uv, clean) -> N
             assert venv.placement == "process"
         async with aiovec.make("aiovec/Busy-v0", 4, cpu_ms=1.0) as venv:  # one step would hold the loop 1 ms
             assert venv.placement == "process"
+        async with aiovec.make("CartPole-v1", 4, placement="inline") as venv:  # chosen: nothing left to tune
+            assert venv.placement == "inline" and venv.controller is None
 
     run_uv(main())
     assert_clean(clean)
