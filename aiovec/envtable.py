@@ -147,6 +147,17 @@ class EnvTable:
             self.check()
         return ids, held
 
+    def stepped_in_turn(self, terminations: np.ndarray, truncations: np.ndarray, busy_s: float) -> None:
+        """IDLE -> IDLE for every env: all stepped cleanly within the caller's turn (a lone inline
+        worker), so no step was ever in flight for another task to see; what changes is each env's
+        episode boundary and the busy time. The caller checked that every env was idle and none
+        restarted (:meth:`send`, :meth:`step_done` and :meth:`collect` in one, for the hot path)."""
+        np.logical_or(terminations, truncations, out=self.boundary)
+        self._busy_s += busy_s
+        if self.debug:
+            assert not self.num_restarted and not np.count_nonzero(self.state), "stepped in turn: every env must be idle"
+            self.check()
+
     def truncate_restarted(self, ids: np.ndarray) -> None:
         """IDLE (restarted) -> READY with a synthesised truncation, for envs :meth:`send` held back."""
         self.restarted[ids] = False

@@ -298,22 +298,33 @@ class WorkerPool:
         if inline is not None:
             self._step_worker(*inline, env_ids is None, handler)
 
-    def _step_solo_inline(self, handler: ReplyHandler) -> bool:
-        """Every env lives on one idle inline worker: step them in this turn, no command, no reply queue."""
+    def step_all_in_turn(self) -> tuple[Any, list | None, float] | None:
+        """Every env lives on one idle inline worker: step them all in this turn, no command, no reply
+        queue. Returns ``(infos, errors, wall_s)`` (infos as :func:`~aiovec.protocol.pack_step_infos`
+        packs them) with the step recorded in the stats, or None where it cannot (nothing stepped)."""
+        if len(self.workers) != 1:
+            return None
         ((wid, w),) = self.workers.items()
         if w.kind != "inline" or w.pending or w.membership:
-            return False
+            return None
         done = w.handle.step_now()  # type: ignore[attr-defined]
         if done is None:
-            return False
+            return None
         infos, errors, cpu_s, wall_s = done
-        ids = w.shard
-        self.stats.record(wid, len(ids), cpu_s, wall_s, 0.0, wall_s)
-        infos = P.pack_step_infos(infos, errors)
+        self.stats.record(wid, len(w.envs), cpu_s, wall_s, 0.0, wall_s)
+        return P.pack_step_infos(infos, errors), errors, wall_s
+
+    def _step_solo_inline(self, handler: ReplyHandler) -> bool:
+        """:meth:`step_all_in_turn`, its result delivered like a worker's reply."""
+        done = self.step_all_in_turn()
+        if done is None:
+            return False
+        infos, errors, wall_s = done
+        ((wid, w),) = self.workers.items()
         if P.is_fast_step(infos, errors):
-            self.on_step(ids, infos)
+            self.on_step(w.shard, infos)
         else:
-            handler(wid, P.Reply(P.STEP, ids, infos, errors, P.Timing(cpu_s, wall_s)), None)
+            handler(wid, P.Reply(P.STEP, w.shard, infos, errors, P.Timing(wall_s, wall_s)), None)
         return True
 
     def _step_worker(self, wid: int, ids: np.ndarray, whole: bool, handler: ReplyHandler) -> None:

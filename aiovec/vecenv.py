@@ -597,6 +597,12 @@ class AsyncVecEnv:
 
     def _dispatch(self, actions: Any, ids: np.ndarray | None) -> None:
         """Check and send actions to ``ids`` (None: every env); the one path of ``send`` and ``step``."""
+        self._put_actions(actions, ids)
+        self._send_put(ids)
+
+    def _put_actions(self, actions: Any, ids: np.ndarray | None) -> None:
+        """Check ``actions`` for ``ids`` (None: every env) and write them to the action buffer; raises
+        before anything is sent (``InvalidActionError``, ``EnvStateError``)."""
         table, rows = self._table, (slice(None) if ids is None else ids)
         count = self.num_envs if ids is None else len(ids)
         acts = self._check_actions(actions, count)
@@ -614,7 +620,11 @@ class AsyncVecEnv:
             v.actions[rows] = acts
         else:
             put_rows(v.actions, rows, acts)
-        stepping, held = table.send(rows)
+
+    def _send_put(self, ids: np.ndarray | None) -> None:
+        """Step ``ids`` (None: every env) with the actions :meth:`_put_actions` wrote."""
+        table = self._table
+        stepping, held = table.send(slice(None) if ids is None else ids)
         if held is not None:  # their worker was replaced while they were idle: they end truncated instead
             for i in held.tolist():
                 self._write_truncation(i)
@@ -624,6 +634,26 @@ class AsyncVecEnv:
                 return
             ids = stepping
         self._pool.step(ids, self._on_step_reply)  # type: ignore[union-attr]
+
+    def _step_in_turn(self) -> bool | None:
+        """Step every env in this turn where one idle inline worker hosts them all (the hot path of
+        cheap envs: no reply queue, no wake-up). None: it could not (nothing stepped); True: a clean
+        batch, every env IDLE again (:meth:`EnvTable.stepped_in_turn`); False: a batch with errors
+        or infos, accounted as a worker's reply (its envs READY or BROKEN, errors queued)."""
+        table, pool = self._table, self._pool
+        done = pool.step_all_in_turn() if not table.num_restarted else None  # type: ignore[union-attr]
+        if done is None:
+            return None
+        infos, errors, wall_s = done
+        v = self._views
+        if infos is None and errors is None:
+            table.stepped_in_turn(v.terminations, v.truncations, wall_s)
+            if pool.pending_moves:  # type: ignore[union-attr]
+                pool.try_moves()  # type: ignore[union-attr]
+            return True
+        table.send(slice(None))
+        self._stepped(self._all, infos, errors)
+        return False
 
     async def recv(self, batch_size: int | None = None, timeout: float | None = None) -> StepResult:
         """Await the first ``batch_size`` results to finish (default: the constructor's ``batch_size``).
@@ -710,15 +740,26 @@ class AsyncVecEnv:
         table = self._table
         if table.in_flight or table.num_ready:
             raise EnvStateError("step() needs every env idle, but some have steps in flight or unreceived results: recv()/drain() them first")
-        self._dispatch(actions, None)
+        self._put_actions(actions, None)
+        stepped = self._step_in_turn()
+        if stepped is None:
+            self._send_put(None)
+        elif stepped:  # clean, every env idle again: copy the results before another task may send
+            result = self._step_result({})
+            await asyncio.sleep(0)  # stepped at once (inline): still a checkpoint for the other tasks
+            return result
         if not table.in_flight:
             await asyncio.sleep(0)  # stepped at once (inline): still a checkpoint for the other tasks
         while table.in_flight:
             await self._wait(None, batch=True)
         if self._errors:
             raise self._errors.popleft()
-        v, (rows_info, parts) = self._views, table.collect(slice(None))
-        infos = batch_infos(self.num_envs, rows_info, parts) if rows_info or parts else {}
+        rows_info, parts = table.collect(slice(None))
+        return self._step_result(batch_infos(self.num_envs, rows_info, parts) if rows_info or parts else {})
+
+    def _step_result(self, infos: dict[str, Any]) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """``step()``'s 5-tuple for every env: copies of the result buffers, so they stay the caller's."""
+        v = self._views
         obs = take(v.obs, slice(None))
         if self._delivered is not None:
             put_rows(self._delivered, slice(None), obs)

@@ -59,9 +59,11 @@ class _Slot:
         self.pre_reset_rng: Any = None  # np_random as it was just before the last reset
         self.reset_args: tuple[Any, Any] = (None, None)  # (seed, options) of the last reset
 
-    def reset(self, seed: Any = None, options: Any = None) -> tuple[Any, dict]:
-        """Reset, remembering enough to replay this reset elsewhere (see ``export``)."""
-        self.pre_reset_rng = _snapshot(self.env.unwrapped.np_random)
+    def reset(self, seed: Any = None, options: Any = None, replayable: bool = True) -> tuple[Any, dict]:
+        """Reset, remembering enough to replay this reset elsewhere (see ``export``). A next-step
+        autoreset is not ``replayable``: its env is never at an episode boundary before its next step
+        ends one, so it only moves as ``"ended"`` (this saves a generator snapshot per episode)."""
+        self.pre_reset_rng = _snapshot(self.env.unwrapped.np_random) if replayable else None
         self.reset_args = (seed, options)
         obs, info = self.env.reset(seed=seed, options=options)
         self.steps = 0
@@ -80,6 +82,8 @@ class _Slot:
         if self.done:  # episode over, next call resets: only the generator matters
             state = {"kind": "ended", "np_random": self.env.unwrapped.np_random, "needs_reset": self.needs_reset}
         elif self.steps == 0:  # just reset: replay that reset from the generator it started with
+            if self.pre_reset_rng is None:
+                raise RuntimeError("env was just reset by a next-step autoreset; it can only move at the end of its episode")
             state = {"kind": "replay", "np_random": _restore(self.pre_reset_rng), "reset_args": self.reset_args}
         else:
             raise RuntimeError(f"env is {self.steps} steps into an episode; it can only move at an episode boundary")
@@ -247,14 +251,15 @@ class EnvHost:
         rewards, terms, truncs = v.rewards, v.terminations, v.truncations
         same_step, next_step, check = self.mode == AutoresetMode.SAME_STEP, self.mode == AutoresetMode.NEXT_STEP, self.check_obs
         scalar_actions = v.actions if self._scalar_actions else None  # Discrete: a numpy scalar, no copy needed
+        action = scalar_actions.__getitem__ if scalar_actions is not None else get_action
         for k, i in enumerate(ids):
             slot = slots[i]
             try:
                 if slot.needs_reset:
-                    obs, info = slot.reset()
+                    obs, info = slot.reset(replayable=False)
                     reward = term = trunc = False
                 else:
-                    obs, reward, term, trunc, info = slot.env.step(scalar_actions[i] if scalar_actions is not None else get_action(i))
+                    obs, reward, term, trunc, info = slot.env.step(action(i))
                     slot.steps += 1
                     if term or trunc:
                         slot.done = True
@@ -264,7 +269,7 @@ class EnvHost:
                             info = {**final, **info}
                         elif next_step:
                             slot.needs_reset = True
-                    else:
+                    elif slot.done:
                         slot.done = False
                 if check:
                     self._check(obs)
@@ -286,7 +291,7 @@ class EnvHost:
         v, slot = self.views, self.slots[i]
         try:
             if slot.needs_reset:
-                obs, info = slot.reset()
+                obs, info = slot.reset(replayable=False)
                 reward, term, trunc = 0.0, False, False
             else:
                 obs, reward, term, trunc, info = slot.env.step(self._get_action(i))

@@ -46,6 +46,23 @@ def test_lock_step_cycle_and_arrival_order() -> None:
     assert t.num_ready == 2 and t.state.tolist() == [IDLE, READY, READY, IDLE, IDLE, IDLE]
 
 
+
+def test_stepped_in_turn_updates_boundaries_and_busy_time_and_refuses_a_busy_table() -> None:
+    """A lone inline worker's clean batch: IDLE -> IDLE, as send + step_done + collect would leave it."""
+    t, ref = EnvTable(N, debug=True), EnvTable(N, debug=True)
+    terms, truncs = np.zeros(N, bool), np.zeros(N, bool)
+    terms[1], truncs[4] = True, True
+    t.stepped_in_turn(terms, truncs, 0.25)
+    ref.send(slice(None))
+    ref.step_done(np.arange(N), terms, truncs, None, None)
+    ref.collect(slice(None))
+    assert t.boundary.tolist() == ref.boundary.tolist() == [False, True, False, False, True, False]
+    assert t.state.tolist() == ref.state.tolist() == [IDLE] * N and t.in_flight == t.num_ready == 0
+    assert t.busy_time() == pytest.approx(0.25)
+    t.send(np.array([2]))
+    with pytest.raises(AssertionError, match="every env must be idle"):
+        t.stepped_in_turn(terms, truncs, 0.0)
+
 def test_env_error_breaks_only_that_env_and_require_names_it() -> None:
     t = EnvTable(N, debug=True)
     t.send(np.arange(N))

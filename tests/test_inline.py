@@ -228,3 +228,24 @@ def test_step_infos_equal_sync_vector_env_key_by_key_and_dtype(run_uv, clean, va
 
     run_uv(main())
     assert_clean(clean)
+
+
+def test_a_next_step_autoreset_is_not_replayed_elsewhere(run_uv, clean) -> None:
+    """Next-step autoreset skips the generator snapshot a replay needs; such an env is never at an episode
+    boundary until its next step ends one, and exporting it in between says so instead of moving it wrong."""
+    async def main() -> None:
+        async with aiovec.make("CartPole-v1", 2, placement="inline") as venv:
+            await venv.reset(seed=0)
+            host = venv._pool.workers[next(iter(venv._pool.workers))].handle._host
+            ended = False
+            while not ended:  # push left until env 0's episode ends
+                _, _, terms, truncs, _ = await venv.step(np.zeros(2, dtype=np.int64))
+                ended = bool(terms[0] or truncs[0])
+            assert venv._table.movable(0) and host.slots[0].export()["kind"] == "ended"
+            await venv.step(np.zeros(2, dtype=np.int64))  # env 0 resets (next-step mode)
+            assert not venv._table.movable(0)
+            with pytest.raises(RuntimeError, match="only move at the end of its episode"):
+                host.slots[0].export()
+
+    run_uv(main())
+    assert_clean(clean)
