@@ -402,6 +402,7 @@ class AsyncVecEnv:
             self._stats.t0 = time.perf_counter()  # rates count from here, not from start-up
             self._check_actions = ActionChecker(self._probe.action_space, self.num_envs)
             self._flat_actions = isinstance(self._views.actions, np.ndarray)
+            self._flat_obs = isinstance(self._views.obs, np.ndarray)
             # The last observation delivered per env, for the truncation a mid-step worker death leaves.
             self._delivered = create_empty_array(self._probe.observation_space, self.num_envs) if self.max_restarts else None
             if self.controller is not None:
@@ -760,7 +761,7 @@ class AsyncVecEnv:
     def _step_result(self, infos: dict[str, Any]) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """``step()``'s 5-tuple for every env: copies of the result buffers, so they stay the caller's."""
         v = self._views
-        obs = take(v.obs, slice(None))
+        obs = v.obs.copy() if self._flat_obs else take(v.obs, slice(None))
         if self._delivered is not None:
             put_rows(self._delivered, slice(None), obs)
         return obs, v.rewards.copy(), v.terminations.copy(), v.truncations.copy(), infos

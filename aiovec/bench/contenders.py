@@ -8,6 +8,7 @@ pipes and cost nothing meanwhile. Every contender closes in ``aclose`` (bounded)
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,14 +22,20 @@ from .floor import FloorVecEnv
 from .peers import _actions, _atimed, env_fns
 
 
-def _sync(step: Callable[[np.ndarray], Any], n: int) -> Callable[[np.ndarray], Awaitable[int]]:
-    """A synchronous vector env's step as the coroutine :func:`.peers._atimed` awaits (it runs inside the loop)."""
+def _sync(step: Callable[[np.ndarray], Any], n: int, checkpoint: bool = False) -> Callable[[np.ndarray], Awaitable[int]]:
+    """A synchronous vector env's step as the coroutine :func:`.peers._atimed` awaits (it runs inside the loop);
+    ``checkpoint``: then one turn of the event loop, as an asyncio API that is a checkpoint takes on every call."""
 
     async def run(a: np.ndarray) -> int:
         step(a)
         return n
 
-    return run
+    async def run_checkpoint(a: np.ndarray) -> int:
+        step(a)
+        await asyncio.sleep(0)
+        return n
+
+    return run_checkpoint if checkpoint else run
 
 
 class Contender:
@@ -49,18 +56,22 @@ class Contender:
 
 
 class GymContender(Contender):
-    """gymnasium's SyncVectorEnv or AsyncVectorEnv (shared memory), stepped synchronously inside the loop."""
+    """gymnasium's SyncVectorEnv or AsyncVectorEnv (shared memory), stepped synchronously inside the loop.
+
+    ``gym_sync_checkpoint``: SyncVectorEnv followed by one turn of the event loop per batch, the least any
+    asyncio API pays that lets other tasks run on every call (aiovec's ``step`` does)."""
 
     def __init__(self, name: str, env_id: str, n: int, kwargs: dict) -> None:
         super().__init__(name, n)
-        cls = gym.vector.SyncVectorEnv if name == "gym_sync" else gym.vector.AsyncVectorEnv
-        options = {} if name == "gym_sync" else {"shared_memory": True}
+        sync = name in ("gym_sync", "gym_sync_checkpoint")
+        cls = gym.vector.SyncVectorEnv if sync else gym.vector.AsyncVectorEnv
+        options = {} if sync else {"shared_memory": True}
         self.venv = cls(env_fns(env_id, n, kwargs), **options)
         self.venv.reset(seed=0)
         self.acts = _actions(self.venv.single_action_space, n)
 
     async def measure(self, duration: float, warmup: float) -> float:
-        return await _atimed(self.venv, self.acts, duration, _sync(self.venv.step, self.n), warmup)
+        return await _atimed(self.venv, self.acts, duration, _sync(self.venv.step, self.n, self.name == "gym_sync_checkpoint"), warmup)
 
     async def aclose(self) -> None:
         if isinstance(self.venv, gym.vector.AsyncVectorEnv):

@@ -19,6 +19,7 @@ class Workload:
     kwargs: dict = field(default_factory=dict)
     waiting: bool = False  # the env mostly waits: the floor sweeps up to n workers
     process_forced: bool = False  # also run aiovec with the process backend forced (1 worker)
+    checkpoint_peer: bool = False  # also SyncVectorEnv yielding to the event loop once per batch
 
     @property
     def envpool(self) -> bool:
@@ -26,7 +27,7 @@ class Workload:
 
 
 WORKLOADS: list[Workload] = [
-    Workload("CartPole-v1 x8", "CartPole-v1", 8, process_forced=True),
+    Workload("CartPole-v1 x8", "CartPole-v1", 8, process_forced=True, checkpoint_peer=True),
     Workload("CartPole-v1 x64", "CartPole-v1", 64),
     Workload("HalfCheetah-v5 x8", "HalfCheetah-v5", 8),
     Workload("HalfCheetah-v5 x16", "HalfCheetah-v5", 16),
