@@ -642,7 +642,9 @@ class AsyncVecEnv:
         batch, every env IDLE again (:meth:`EnvTable.stepped_in_turn`); False: a batch with errors
         or infos, accounted as a worker's reply (its envs READY or BROKEN, errors queued)."""
         table, pool = self._table, self._pool
-        done = pool.step_all_in_turn() if not table.num_restarted else None  # type: ignore[union-attr]
+        if pool.kind != "inline" or table.num_restarted:  # type: ignore[union-attr]
+            return None
+        done = pool.step_all_in_turn()  # type: ignore[union-attr]
         if done is None:
             return None
         infos, errors, wall_s = done

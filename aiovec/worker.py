@@ -31,6 +31,10 @@ from .spaces import get_row, put_row
 
 _SCHEDSTAT = "/proc/self/schedstat"
 
+CPU_SAMPLE = 8
+"""Whole steps per read of the CPU clock (:meth:`EnvHost.step_timed`): the controller sums CPU over
+intervals of thousands of steps, so a sampled share of the wall time serves as well, without a system call."""
+
 
 class _RunQueueClock:
     """Seconds this thread spent runnable but waiting for a CPU (Linux schedstat)."""
@@ -167,6 +171,7 @@ class EnvHost:
         self._threads: ThreadPoolExecutor | None = None
         self.env_threads = 1
         self._cpu_clock = time.thread_time
+        self._timed, self._cpu_share = 0, 1.0  # step_timed's calls, and CPU / wall at its last sample
         self.set_threads(env_threads)
         # Flat spaces (one array per buffer) skip the generic row helpers on the hot path.
         flat_act = isinstance(views.actions, np.ndarray)
@@ -187,6 +192,7 @@ class EnvHost:
         if old is not None:
             old.shutdown(wait=True)
         self._cpu_clock = time.process_time if self._threads is not None else time.thread_time
+        self._timed = 0  # the next step samples the new clock
 
     # -- commands -------------------------------------------------------------------
     def handle(self, msg: Any) -> P.Reply:
@@ -226,11 +232,26 @@ class EnvHost:
 
     def step_shard(self) -> tuple[P.Timing, list | None, list | None]:
         """Step every hosted env (STEP_SHARD): ``(timing, infos or None, errors or None)``."""
-        c0, w0 = self._cpu_clock(), time.perf_counter()
+        return self.step_timed(self.shard)
+
+    def step_timed(self, ids: Any) -> tuple[P.Timing, list | None, list | None]:
+        """:meth:`step` and what it cost: ``(timing, infos or None, errors or None)``.
+
+        The CPU clock is a system call (~1 us here, 1-2% of a batch of 8 CartPoles): it is read on one
+        call in :data:`CPU_SAMPLE`, the others count CPU at the last sampled share of their wall time."""
+        sample = not self._timed % CPU_SAMPLE
+        self._timed += 1
+        c0 = self._cpu_clock() if sample else 0.0
         r0 = self._runq() if self.measure_runq else 0.0
-        infos, errors = self.step(self.shard)
-        return (P.Timing(self._cpu_clock() - c0, time.perf_counter() - w0, self._runq() - r0 if self.measure_runq else 0.0),
-                infos, errors)
+        w0 = time.perf_counter()
+        infos, errors = self.step(ids)
+        wall = time.perf_counter() - w0
+        if sample:
+            cpu = self._cpu_clock() - c0
+            self._cpu_share = cpu / wall if wall > 0 else 1.0
+        else:
+            cpu = self._cpu_share * wall
+        return P.Timing(cpu, wall, self._runq() - r0 if self.measure_runq else 0.0), infos, errors
 
     def step(self, ids: Any) -> tuple[list | None, list | None]:
         """Step (or autoreset) each env in ``ids``: ``(infos aligned with ids or None, errors or None)``."""

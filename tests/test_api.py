@@ -542,3 +542,26 @@ def test_stats_fields(run, clean) -> None:
     pids = run(main())
     assert all(pid_gone(p) for p in pids)
     assert_clean(clean)
+
+
+@pytest.mark.parametrize("placement", ["process", "inline"])
+def test_cpu_accounting_tells_computing_envs_from_waiting_ones(run_uv, clean, placement: str) -> None:
+    """The CPU clock is read on one step in CPU_SAMPLE; the others count CPU at the sampled share of
+    their wall time. Over many steps the shares still separate envs that compute from envs that wait."""
+    from aiovec.worker import CPU_SAMPLE
+
+    async def share(env_id: str, **kwargs: float) -> float:
+        async with aiovec.make(env_id, 2, num_workers=1, placement=placement, **kwargs) as venv:
+            await venv.reset(seed=0)
+            for _ in range(4 * CPU_SAMPLE):
+                await venv.step(np.zeros(2, dtype=np.int64))
+            (w,) = venv.stats()["workers"]
+            return w["cpu_per_step_s"] / w["wall_per_step_s"]
+
+    async def main() -> None:
+        busy = await share("aiovec/Busy-v0", cpu_ms=1.0)
+        idle = await share("aiovec/Sleep-v0", wait_ms=2.0)
+        assert busy > 0.5 and idle < 0.25, (busy, idle)
+
+    run_uv(main())
+    assert_clean(clean)

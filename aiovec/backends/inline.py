@@ -32,10 +32,6 @@ from .base import Backend, ExitCallback, ReplyCallback, WorkerHandle
 SLICE_S = 250e-6
 """Env work done in one turn of the event loop before yielding (the loop stays responsive)."""
 
-CPU_SAMPLE = 8
-"""One whole-shard step in this many reads the CPU clock (the controller sums CPU over intervals of
-thousands of steps, so a sampled share of the wall time is as good and costs no system call)."""
-
 
 class InlineWorker(WorkerHandle):
     """Envs hosted by an :class:`~aiovec.worker.EnvHost` in this process."""
@@ -58,8 +54,6 @@ class InlineWorker(WorkerHandle):
         # The step in progress: (ids, next index, infos, errors, cpu0, wall0).
         self._step: list | None = None
         self._per_env_s = SLICE_S  # measured cost of one env step here (sizes the chunks; one env until measured)
-        self._cpu_share = 1.0  # CPU / wall of its steps, as last sampled (see step_now)
-        self._batches = 0
         self._loop.call_soon(self._reply, P.Reply(P.READY, (), {"pid": None, "spin_s": None}, None, P.NO_TIMING))
 
     @property
@@ -89,21 +83,10 @@ class InlineWorker(WorkerHandle):
         host = self._host
         if self._exited or self._queue or self._busy or self._scheduled or self._per_env_s * len(host.shard) > SLICE_S:
             return None
-        # The CPU clock is a system call (~1 us here, 2% of a batch of 8 CartPoles): read on one batch in
-        # CPU_SAMPLE; the others count CPU at the last sampled share of their wall time.
-        self._batches += 1
-        sample = self._batches % CPU_SAMPLE == 1
-        c0 = host._cpu_clock() if sample else 0.0
-        t0 = time.perf_counter()
-        infos, errors = host.step(host.shard)
-        wall = time.perf_counter() - t0
-        if sample:
-            cpu = host._cpu_clock() - c0
-            self._cpu_share = min(1.0, cpu / wall) if wall > 0 else 1.0
-        else:
-            cpu = self._cpu_share * wall
+        timing, infos, errors = host.step_timed(host.shard)
+        wall = timing.wall_s
         self._learn_cost(wall, len(host.shard))
-        return infos, errors, cpu, wall
+        return infos, errors, timing.cpu_s, wall
 
     def _schedule(self) -> None:
         if not self._scheduled and not self._busy:
