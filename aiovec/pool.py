@@ -541,6 +541,8 @@ class WorkerPool:
         self.try_moves()
 
     def _reap(self, handle: WorkerHandle) -> None:
+        if self._loop.is_closed():  # collected after its loop ended (never closed): the kill was all there is
+            return
         self._stopping = [t for t in self._stopping if not t.done()]
         self._stopping.append(self._loop.create_task(handle.stop(5.0)))
 

@@ -197,6 +197,17 @@ def test_exit_path_is_quiet_and_clean(tmp_path: Path, api: str, path: str) -> No
     assert not problems(api, path, o), "\n".join(problems(api, path, o))
 
 
+
+@pytest.mark.parametrize("path", ["no_close", "raise"])
+@pytest.mark.parametrize("placement", ["inline", "hybrid"])
+def test_in_process_placements_exit_quietly_too(tmp_path: Path, placement: str, path: str) -> None:
+    """Envs stepped in this process: a vector env never closed is collected after its loop has ended."""
+    options = 'placement="inline"' if placement == "inline" else 'placement="hybrid", num_workers=2'
+    script = tmp_path / f"{placement}_{path}.py"
+    script.write_text(script_for("async", path).replace("num_workers=2", options))
+    o = run_path(tmp_path, "async", path, script=script)
+    assert not problems("async", path, o), "\n".join(problems("async", path, o))
+
 def test_missing_guard_under_plain_asyncio_run_is_the_same_short_message(tmp_path: Path) -> None:
     # aiovec.run and the facade refuse in the worker before anything starts; plain asyncio.run
     # reaches the worker's own start-up failure, which the excepthook catches instead.
