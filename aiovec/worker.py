@@ -32,8 +32,12 @@ from .spaces import get_row, put_row
 _SCHEDSTAT = "/proc/self/schedstat"
 
 CPU_SAMPLE = 8
-"""Whole steps per read of the CPU clock (:meth:`EnvHost.step_timed`): the controller sums CPU over
-intervals of thousands of steps, so a sampled share of the wall time serves as well, without a system call."""
+"""Whole steps per read of the CPU clock (:meth:`EnvHost.step_timed`) where steps are short: the controller
+sums CPU over intervals of thousands of them, so a sampled share of the wall time serves as well."""
+
+CPU_ALWAYS_S = 200e-6
+"""After a step that took longer, the clock is read every time: its cost (~1 us) is then negligible, and a
+change of the env's cost shows in the very next interval even where an interval holds few steps."""
 
 
 class _RunQueueClock:
@@ -171,7 +175,7 @@ class EnvHost:
         self._threads: ThreadPoolExecutor | None = None
         self.env_threads = 1
         self._cpu_clock = time.thread_time
-        self._timed, self._cpu_share = 0, 1.0  # step_timed's calls, and CPU / wall at its last sample
+        self._timed, self._cpu_share, self._last_wall = 0, 1.0, 0.0  # step_timed's calls, its CPU / wall at the last sample
         self.set_threads(env_threads)
         # Flat spaces (one array per buffer) skip the generic row helpers on the hot path.
         flat_act = isinstance(views.actions, np.ndarray)
@@ -237,15 +241,16 @@ class EnvHost:
     def step_timed(self, ids: Any) -> tuple[P.Timing, list | None, list | None]:
         """:meth:`step` and what it cost: ``(timing, infos or None, errors or None)``.
 
-        The CPU clock is a system call (~1 us here, 1-2% of a batch of 8 CartPoles): it is read on one
-        call in :data:`CPU_SAMPLE`, the others count CPU at the last sampled share of their wall time."""
-        sample = not self._timed % CPU_SAMPLE
+        The CPU clock is a system call (~1 us here, 1-2% of a batch of 8 CartPoles): for short steps it
+        is read on one call in :data:`CPU_SAMPLE`, the others count CPU at the last sampled share of their
+        wall time; after a step longer than :data:`CPU_ALWAYS_S` it is read every time."""
+        sample = not self._timed % CPU_SAMPLE or self._last_wall > CPU_ALWAYS_S
         self._timed += 1
         c0 = self._cpu_clock() if sample else 0.0
         r0 = self._runq() if self.measure_runq else 0.0
         w0 = time.perf_counter()
         infos, errors = self.step(ids)
-        wall = time.perf_counter() - w0
+        wall = self._last_wall = time.perf_counter() - w0
         if sample:
             cpu = self._cpu_clock() - c0
             self._cpu_share = cpu / wall if wall > 0 else 1.0
