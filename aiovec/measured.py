@@ -163,9 +163,6 @@ class MeasuredController:
             return self._hold(cur, f"{regime}measuring {cur.label}: {x:,.0f} steps/s ({len(self._visit)}/{self.confirm})")
         self._decide_now = False
         here = statistics.median(self._visit[-6:])
-        if self._jumps:  # this interval's cost differs from the regime's: the next one confirms a new cost or not
-            return self._hold(cur, f"{regime}hold {cur.label}: the env's cost moved this interval ({x:,.0f} steps/s); "
-                                   "the next one tells a new cost from noise")
         if self._base is not None:
             base, before = self._base
             self._base = None
