@@ -26,6 +26,7 @@ Pure: no clock, no I/O. Feed it :class:`~aiovec.controller.Measurement` objects.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -127,6 +128,7 @@ class MeasuredController:
         self._jumps = 0
         self._probes_left = probes
         self._threads_first = False
+        self._cpu_up = False  # the last change of cost raised the CPU per step (x2 and more)
         self._explored_processes = False
         self._jump_x: list[float] = []  # steps/s of the intervals that showed a change of cost
         self._regimes: list[tuple[Costs, dict[Config, _Record]]] = []  # what earlier env costs measured
@@ -215,6 +217,7 @@ class MeasuredController:
             self.costs, self._jumps, self._base, self._visit, self._jump_x = costs, 0, None, [], []
             # a cost seen before: its measurements decide, no new process probes; a new one: threads first
             self._probes_left, self._threads_first, self._explored_processes = self.probes, known is None, known is not None
+            self._cpu_up = _cpu_moved(old.cpu_s, costs.cpu_s) and costs.cpu_s > old.cpu_s
             self._decide_now = True
             self.regime_changes += 1
             return (f"env cost changed (CPU {1e3 * old.cpu_s:.2f} -> {1e3 * costs.cpu_s:.2f} ms, "
@@ -236,6 +239,13 @@ class MeasuredController:
                 return pick
         if self._threads_first:
             self._threads_first = False
+            one = Config(cur.placement, cur.processes, 1)
+            if self._cpu_up and cur.threads > 1 and one in allowed:
+                # The envs now compute: threads only queue for the GIL, and the waiting inferred from a threaded
+                # interval wanders (it stepped threads down one rung per move). One thread is measured next
+                # (an instant change), and reverted if it measures worse.
+                d = self._move(cur, one, m, f"{one.label}: the env's CPU per step jumped; threads queue for the GIL")
+                return dataclasses.replace(d, reason=regime + d.reason)
             same = [c for c in allowed if c.placement == cur.placement and c.processes == cur.processes]
             pick = self._best(same, cur, here, model, cal, m, lockstep)
             if pick is not None:

@@ -100,6 +100,24 @@ def test_after_a_change_of_cost_threads_move_first_and_it_readapts_within_six_in
     assert predict(after[5], Costs(30e-6, 3e-3, 20e-6), 24, 2) >= 0.9 * best, [x.label for x in after]
 
 
+
+def test_when_waiting_envs_start_computing_threads_go_to_one_at_once() -> None:
+    """After a change of cost that raises the CPU per step, threads only queue for the GIL; the waiting inferred
+    from a threaded interval then wanders (here: read as 2.5 ms), which once stepped threads down a rung per move."""
+    ctrl = MeasuredController()
+    c = follow(ctrl, Config("process", 4, 6), 12, n=24, t_cpu=30e-6, t_wait=3e-3)[-1]
+    assert c.threads > 1, c
+    truth = Costs(1e-3, 0.0, 20e-6)
+    trace = []
+    for _ in range(4):
+        misread = 2.5e-3 if c.threads > 1 else 0.0  # threads queueing for the GIL read as waiting
+        d = ctrl.decide(interval(c, n=24, t_cpu=1e-3, t_wait=misread, rate=predict(c, truth, 24, 2)))
+        c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+        trace.append((c.label, d.reason[:60]))
+    first = next(i for i, (_, why) in enumerate(trace) if "cost changed" in why)
+    assert trace[first][0].endswith(" x 1t") and first <= 1, trace  # one move, on the interval that confirms the change
+    assert c.threads == 1, trace
+
 def test_fixed_knobs_stay_fixed() -> None:
     ctrl = MeasuredController()
     trace = follow(ctrl, Config("process", 3, 1), 12, n=24, t_cpu=30e-6, t_wait=3e-3, fixed_workers=True)
