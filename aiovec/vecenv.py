@@ -429,7 +429,7 @@ class AsyncVecEnv:
             workers = 1
         elif kind == "hybrid":
             workers = max(2, workers) if self._num_workers_arg == "auto" else workers
-        if auto and self._explicit_controller is None and self.placement_arg != "inline":
+        if self._explicit_controller is None and self.controller is not None:  # the default controller (see __init__)
             from .measured import plan_start
 
             # Controller v2 (processes, threads per process, the inline rung), also for an inline start:
