@@ -16,7 +16,11 @@ from typing import Any
 # One IPC round trip costs ~25-120 us here; a worker should get at least this much env
 # work per command to make the trip worth it.
 MIN_WORK_PER_COMMAND_S = 200e-6
-SPIN_S = 200e-6
+SPIN_S = 2e-3
+"""The most a worker with a spare CPU polls for its next command (it polls about as long as the
+parent's usual gap, see worker.SpinWindow). PPO on Hopper x8, hybrid (this process and one worker),
+40k steps, 3 seeds interleaved: time awaiting the envs 7.05 s -> 6.58 s (median) against a fixed 200 us poll,
+which the command after a 200 us policy pass always missed."""
 
 
 @dataclass(frozen=True)

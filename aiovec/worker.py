@@ -510,7 +510,7 @@ class _Channel:
         self._buf = b""
 
     def recv(self, spin_s: float) -> bytes:
-        """The next frame; raises EOFError when the parent is gone."""
+        """The next frame, polling up to ``spin_s`` before sleeping; raises EOFError when the parent is gone."""
         while True:
             buf = self._buf
             if len(buf) >= 4:
@@ -546,21 +546,65 @@ class _Channel:
 _HEADER = struct.Struct("!i")  # multiprocessing.Connection's frame header
 
 
+MIN_SPIN_S = 200e-6
+"""The shortest poll of a worker that spins at all."""
+
+
+class SpinWindow:
+    """How long a worker polls for its next command before it sleeps: about as long as the parent
+    usually takes to send it, never more than ``cap`` (the parent's spin setting).
+
+    Waking a sleeping worker costs ~30-150 us on a VM whose idle CPUs halt, more than a cheap
+    env step; a fixed short poll misses every command that comes after the parent's own work
+    (a policy's forward pass, stepping its own shard). So the worker learns the gap between its
+    reply and the next command (an exponential mean and mean deviation, each gap clipped to
+    ``2 * cap`` so one long pause cannot dominate) and polls for mean + 2 deviations, at least
+    :data:`MIN_SPIN_S` (a stray slow turn of the parent should not cost a wake-up); where the
+    parent usually takes longer than ``cap``, polling would only burn the core, so it sleeps at once.
+    """
+
+    __slots__ = ("cap", "mean", "dev", "least")
+
+    def __init__(self, cap: float) -> None:
+        self.cap = cap
+        self.least = min(cap, MIN_SPIN_S)
+        self.mean = 0.0
+        self.dev = cap / 4  # until gaps are seen: poll for half the cap
+
+    def window(self) -> float:
+        if self.mean > self.cap:
+            return 0.0
+        return min(self.cap, max(self.least, self.mean + 2 * self.dev))
+
+    def saw(self, gap: float) -> None:
+        """Record one gap between a reply and the next command (seconds)."""
+        d = min(gap, 2 * self.cap) - self.mean
+        self.mean += d / 8
+        self.dev += (abs(d) - self.dev) / 8
+
+
 def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = None) -> None:
     """The worker's whole life: answer commands until CLOSE; exit at once when the parent goes.
 
-    ``spin_s`` > 0: after each reply, poll for the next command for that long before
-    blocking. Waking a sleeping CPU costs ~50-100 us on many VMs, more than a cheap
-    env step; the parent only asks for a spin when there is a spare core for it.
+    ``spin_s`` > 0: after each reply, poll for the next command before blocking, for at most
+    that long (:class:`SpinWindow` says how long); the parent only asks for a spin when there
+    is a spare core for it.
     """
     chan = _Channel(_conn)
     host = EnvHost(_buffers.views(), AutoresetMode(autoreset_mode), _buffers.obs_space, _buffers.action_space, **(host_options or {}))
     encode, step_frame, step_shard = P.encode, P.step_frame, host.step_shard
     schemas: dict[tuple, int] = {}  # info schemas sent so far (see protocol.records_reply)
     chan.send(encode(P.Reply(P.READY, (), {"pid": os.getpid(), "spin_s": spin_s}, None, P.NO_TIMING)))
+    spin = SpinWindow(spin_s)
+    clock = time.perf_counter
     while True:
         try:
-            frame = chan.recv(spin_s)
+            if spin_s > 0:
+                sent = clock()
+                frame = chan.recv(spin.window())
+                spin.saw(clock() - sent)
+            else:
+                frame = chan.recv(0.0)
         except (EOFError, OSError):
             # The parent is gone (or closed us without CLOSE): the executor's own queues
             # would keep this process waiting forever, so leave now.
@@ -577,6 +621,7 @@ def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = 
             op = getattr(msg, "op", None)
             if op == P.TUNE and "spin_s" in msg.options:
                 spin_s = float(msg.options["spin_s"])
+                spin = SpinWindow(spin_s)
             reply = host.handle(msg)  # an unknown command raises: the worker dies with the reason
             out = None
             if op == P.TUNE:

@@ -89,3 +89,29 @@ def test_explicit_spin_is_kept_through_resizes(cpus, clean):
 
     aiovec.run(main())
     assert_clean(clean)
+
+
+def test_the_spin_window_follows_the_parents_usual_gap():
+    """A worker polls about as long as the parent usually takes to send its next command: long enough
+    for a policy's forward pass between steps, never past the cap, and not at all where the parent
+    usually takes longer than the cap (polling would only burn the core)."""
+    from aiovec.worker import MIN_SPIN_S, SpinWindow
+
+    cap = 2e-3
+    w = SpinWindow(cap)
+    assert MIN_SPIN_S <= w.window() <= cap  # before any gap: it polls
+    for _ in range(100):
+        w.saw(450e-6)  # a 200 us forward pass plus the parent's own work
+    assert 450e-6 <= w.window() < 600e-6
+    w.saw(5.0)  # one long pause (a PPO update) moves the window, but only by its clipped share
+    assert w.window() <= cap
+    for _ in range(40):
+        w.saw(450e-6)
+    assert 450e-6 <= w.window() < 600e-6
+    for _ in range(100):
+        w.saw(10e-6)  # a tight loop: the window shrinks to the least poll, not below
+    assert w.window() == MIN_SPIN_S
+    for _ in range(100):
+        w.saw(3e-3)  # the parent usually takes longer than the cap: no polling at all
+    assert w.window() == 0.0
+    assert SpinWindow(100e-6).window() <= 100e-6  # a cap below the least poll still bounds it
