@@ -128,8 +128,9 @@ class AsyncVecEnv:
         check_obs: validate every observation against the declared space in the worker and
             raise ``EnvError`` naming the env (default: on in Python's development mode,
             ``python -X dev``, or with ``AIOVEC_DEBUG=1``; off otherwise, it costs a check per step).
-        spin: let idle workers poll briefly for the next command instead of sleeping at once
-            (``"auto"``: only while the workers leave the parent a CPU of its own, re-decided at each resize).
+        spin: let idle workers poll for the next command instead of sleeping at once, for about the
+            parent's usual gap between a reply and the next command, at most 2 ms (``"auto"``: only while
+            the workers leave the parent a CPU of its own, re-decided at each resize).
         placement: where the envs run. ``"process"``: in worker processes (isolation: a crash or a
             hang in an env cannot take the application down). ``"inline"``: inside this process, on
             the event loop, in slices of at most ~0.25 ms that yield between them; no round trip,
