@@ -284,11 +284,8 @@ class MeasuredController:
         score, measured, best = min(near, key=lambda t: (_resources(t[2]), -t[0]))
         if best == cur:
             return None
-        if _resources(best) < _resources(cur) and (measured or (not unsure and costs.waiting_share < 0.1)):
-            # Fewer resources: a measured near-tie will do, and so will a predicted one where envs compute and the
-            # model matches the measurement (extra processes only add switches there; the move is measured and
-            # reverted if it costs).
-            need = here * (1 - self.prefer)
+        if _resources(best) < _resources(cur) and measured:
+            need = here * (1 - self.prefer)  # fewer resources: a measured near-tie will do
         else:  # a prediction must promise a gain: every move costs intervals (and process moves, episodes)
             need = here * (1 + self.gain)
         if score < need and not force:
