@@ -93,6 +93,16 @@ def efficient_counts(num_envs: int, upto: int | None = None) -> list[int]:
     return out
 
 
+def uneven(c: Config, num_envs: int) -> bool:
+    """Whether ``c``'s shards differ in size (5 processes for 24 envs: 5, 5, 5, 5, 4).
+
+    Where envs wait and every shard's envs step on threads at once it costs nothing, but once the
+    env computes, lock-step waits for the largest shard: an even configuration keeps its balance
+    when only the threads change (instantly), an uneven one needs envs to move (episodes).
+    """
+    return c.placement != "inline" and num_envs % c.processes != 0
+
+
 def efficient_threads(shard: int, upto: int = THREAD_LADDER[-1]) -> list[int]:
     """For each number of rounds a worker needs for its ``shard``, the fewest threads that reach it.
 

@@ -31,7 +31,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from .configs import Config, efficient_counts, efficient_threads, largest_shard
+from .configs import Config, efficient_counts, efficient_threads, largest_shard, uneven
 from .controller import Decision, Measurement
 from .costmodel import INLINE_MAX_STEP_S, Costs, costs_from, predict, wait_from_command
 
@@ -91,8 +91,8 @@ class MeasuredController:
     >>> warm, first, second = ctrl.decide(m), ctrl.decide(m), ctrl.decide(m)   # no single interval decides
     >>> warm.reason, first.reason
     ('warming up 2p x 1t: 400 steps/s not counted', 'measuring 2p x 1t: 400 steps/s (1/2)')
-    >>> (second.target, second.threads)   # 64 waiting envs: a few processes, threads for the rest
-    (3, 22)
+    >>> (second.target, second.threads)   # 64 waiting envs: a few processes (even shards), threads for the rest
+    (4, 16)
     """
 
     def __init__(
@@ -281,7 +281,8 @@ class MeasuredController:
             return None
         top = max(s for s, _, _ in scored)
         near = [t for t in scored if t[0] >= top * (1 - self.prefer)]
-        score, measured, best = min(near, key=lambda t: (_resources(t[2]), -t[0]))
+        # Among near ties: even shards first in lock-step (see configs.uneven), then the fewest resources.
+        score, measured, best = min(near, key=lambda t: (lockstep and uneven(t[2], m.num_envs), _resources(t[2]), -t[0]))
         if best == cur:
             return None
         if _resources(best) < _resources(cur) and measured:
@@ -351,8 +352,8 @@ def plan_start(num_envs: int, cpu_s: float, wall_s: float, cpus: float, workers:
 
     >>> plan_start(48, 1e-3, 11e-3, 2, 2)   # 1 ms CPU + 10 ms waiting: the GIL of 2 processes would bind
     (4, 6)
-    >>> plan_start(64, 20e-6, 5e-3, 2, 2)   # nearly pure waiting: threads, few processes
-    (5, 13)
+    >>> plan_start(64, 20e-6, 5e-3, 2, 2)   # nearly pure waiting: threads, few processes, even shards
+    (8, 8)
     >>> plan_start(8, 1e-3, 1e-3, 2, 2)
     (2, 1)
     """
@@ -367,7 +368,8 @@ def plan_start(num_envs: int, cpu_s: float, wall_s: float, cpus: float, workers:
     cands = [Config("process", p, t) for p in efficient_counts(num_envs, cap) for t in efficient_threads(largest_shard(num_envs, p), max_threads)]
     rated = [(predict(c, costs, num_envs, cpus), c) for c in cands]
     top = max(x for x, _ in rated)
-    best = min((c for x, c in rated if x >= 0.99 * top), key=_resources)  # a guess before any measurement: near the top
+    # a guess before any measurement: near the top, even shards first (see configs.uneven), then the fewest resources
+    best = min((c for x, c in rated if x >= 0.99 * top), key=lambda c: (uneven(c, num_envs), _resources(c)))
     return best.processes, best.threads
 
 

@@ -118,6 +118,24 @@ def test_when_waiting_envs_start_computing_threads_go_to_one_at_once() -> None:
     assert trace[first][0].endswith(" x 1t") and first <= 1, trace  # one move, on the interval that confirms the change
     assert c.threads == 1, trace
 
+def test_lock_step_near_ties_go_to_even_shards_so_a_change_to_computing_keeps_the_balance() -> None:
+    """24 envs that wait: 4, 5 and 6 processes with threads rate within a few percent, and 5 (shards 5,5,5,5,4)
+    once won on resources; when the envs then computed, threads went to one and the uneven shards stayed
+    (moving envs takes episodes), ~5% below 4 processes. Near ties now go to even shards, at start too."""
+    from aiovec.configs import uneven
+    from aiovec.measured import plan_start
+
+    assert plan_start(24, 80e-6, 3.1e-3, 2, 2)[0] in (4, 6)
+    ctrl = MeasuredController()
+    c = follow(ctrl, Config("process", 2, 1), 12, n=24, t_cpu=80e-6, t_wait=3e-3)[-1]
+    assert not uneven(c, 24) and c.threads > 1, c
+    truth = Costs(1e-3, 0.0, 20e-6)
+    for _ in range(4):
+        d = ctrl.decide(interval(c, n=24, t_cpu=1e-3, t_wait=0.0, rate=predict(c, truth, 24, 2)))
+        c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+    assert c.threads == 1 and not uneven(c, 24), c
+
+
 def test_fixed_knobs_stay_fixed() -> None:
     ctrl = MeasuredController()
     trace = follow(ctrl, Config("process", 3, 1), 12, n=24, t_cpu=30e-6, t_wait=3e-3, fixed_workers=True)
