@@ -54,6 +54,19 @@ def load_example(filename: str) -> Iterator[Any]:
         sys.modules.pop(name, None)
 
 
+def default_signals() -> None:
+    """``preexec_fn`` for child scripts that a test interrupts: Ctrl-C and SIGTERM act as in a terminal.
+
+    A suite started in the background (``cmd &`` in a non-interactive shell, ``nohup``) inherits SIGINT
+    ignored, and a Python started with SIGINT ignored installs no KeyboardInterrupt handler, so a test
+    that sends SIGINT to its script would wait for an exit that never comes.
+    """
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """One OpenMP/MKL thread per process (torch), here and in every script and worker the suite starts.
 

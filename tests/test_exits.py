@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import default_signals
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
@@ -130,7 +131,7 @@ def run_path(tmp: Path, api: str, path: str, timeout: float = 90.0, script: Path
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp), str(ROOT), os.environ.get("PYTHONPATH", "")]),
                AIOVEC_TEST_SEMS=str(sems), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            cwd=tmp, start_new_session=True)
+                            cwd=tmp, start_new_session=True, preexec_fn=default_signals)
     try:
         if path in ("sigint", "sigterm"):
             line = proc.stdout.readline()

@@ -26,7 +26,18 @@ import gymnasium as gym
 import numpy as np
 import psutil
 import pytest
-from conftest import LOOPS, RefEnv, assert_clean, assert_tree_equal, pid_gone, run_on, snapshot, wait, wait_pids_gone
+from conftest import (
+    LOOPS,
+    RefEnv,
+    assert_clean,
+    assert_tree_equal,
+    default_signals,
+    pid_gone,
+    run_on,
+    snapshot,
+    wait,
+    wait_pids_gone,
+)
 
 import aiovec
 from aiovec import AsyncVecEnv, EnvError, EnvStateError, WorkerCrashedError
@@ -426,7 +437,7 @@ def _start_script(tmp_path: Path, body: str, *args: str) -> subprocess.Popen:
     script.write_text(textwrap.dedent(PARENT_SCRIPT.format(body=body)))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=tmp_path)
+                            text=True, env=env, cwd=tmp_path, preexec_fn=default_signals)
 
 
 def _read_line(proc: subprocess.Popen, timeout: float) -> str:
