@@ -75,7 +75,14 @@ def test_ray_actor_death_is_a_typed_error_or_a_restart(clean) -> None:
         async with aiovec.make("CartPole-v1", 4, num_workers=2, backend="ray", max_restarts=1, restart_backoff=0.0) as venv:
             await venv.reset(seed=0)
             await venv.step(np.zeros(4, dtype=np.int64))
-            ray.kill(venv._pool.workers[0].handle.actor)
+            actor = venv._pool.workers[0].handle.actor
+            ray.kill(actor)
+            for _ in range(200):  # ray.kill is asynchronous: step only once the actor is gone, or the step may beat it
+                try:
+                    await asyncio.wait_for(actor.__ray_ready__.remote(), 10)
+                except ray.exceptions.RayActorError:
+                    break
+                await asyncio.sleep(0.05)
             _, _, _, trunc, infos = await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 60)
             assert trunc[:2].all() and infos["worker_restarted"][:2].all()
             await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 60)
