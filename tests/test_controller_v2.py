@@ -100,7 +100,6 @@ def test_after_a_change_of_cost_threads_move_first_and_it_readapts_within_six_in
     assert predict(after[5], Costs(30e-6, 3e-3, 20e-6), 24, 2) >= 0.9 * best, [x.label for x in after]
 
 
-
 def test_when_waiting_envs_start_computing_threads_go_to_one_at_once() -> None:
     """After a change of cost that raises the CPU per step, threads only queue for the GIL; the waiting inferred
     from a threaded interval then wanders (here: read as 2.5 ms), which once stepped threads down a rung per move."""
@@ -117,6 +116,7 @@ def test_when_waiting_envs_start_computing_threads_go_to_one_at_once() -> None:
     first = next(i for i, (_, why) in enumerate(trace) if "cost changed" in why)
     assert trace[first][0].endswith(" x 1t") and first <= 1, trace  # one move, on the interval that confirms the change
     assert c.threads == 1, trace
+
 
 def test_lock_step_near_ties_go_to_even_shards_so_a_change_to_computing_keeps_the_balance() -> None:
     """24 envs that wait: 4, 5 and 6 processes with threads rate within a few percent, and 5 (shards 5,5,5,5,4)

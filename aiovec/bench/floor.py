@@ -6,9 +6,10 @@ autoreset inside the worker, like gymnasium's default), reading actions from and
 writing observations, rewards and terminated/truncated flags to shared memory, and
 answer with one byte. Between commands they idle with aiovec's spin policy
 (:func:`aiovec.autoconf.spin_for`: poll after a reply, here for the whole cap of
-:data:`aiovec.autoconf.SPIN_S`, only while the workers leave the parent a CPU). The uvloop parent writes the actions, sends the commands,
-awaits every reply through ``loop.add_reader`` and copies the results out of shared
-memory: lock-step, nothing else. aiovec / floor is the cost of everything aiovec adds.
+:data:`aiovec.autoconf.SPIN_S`, only while the workers leave the parent a CPU).
+The uvloop parent writes the actions, sends the commands, awaits every reply through
+``loop.add_reader`` and copies the results out of shared memory: lock-step, nothing else.
+aiovec / floor is the cost of everything aiovec adds.
 """
 
 from __future__ import annotations
