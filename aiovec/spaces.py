@@ -133,6 +133,10 @@ def _validate_leaf(space: spaces.Space, actions: Any, n: int, path: str) -> np.n
     return arr
 
 
+SMALL_BATCH = 16
+"""Up to this many Discrete actions are range-checked as a Python list (faster than numpy there)."""
+
+
 class ActionChecker:
     """``validate_actions`` for one space and batch size, with a fast path for the common case.
 
@@ -152,10 +156,17 @@ class ActionChecker:
         self._unsigned = np.dtype(f"u{self._dtype.itemsize}") if self._dtype is not None and self._dtype.kind in "iu" else None
 
     def __call__(self, actions: Any, n: int) -> Any:
-        if n == self.n and type(actions) is np.ndarray and actions.shape == self._shape and actions.dtype == self._dtype:
+        if (n == self.n and type(actions) is np.ndarray and actions.shape == self._shape
+                and (actions.dtype is self._dtype or actions.dtype == self._dtype)):
             if self._box:
                 return actions
-            # Unsigned view: a negative action wraps to a huge number, so one comparison checks both ends.
-            if self._bound is not None and not np.count_nonzero(actions.view(self._unsigned) >= self._bound):
-                return actions
+            bound = self._bound
+            if bound is not None:
+                if n <= SMALL_BATCH:  # a few ints: Python's min/max beat numpy's per-call overhead
+                    values = actions.tolist()
+                    if min(values) >= 0 and max(values) < bound:
+                        return actions
+                # Unsigned view: a negative action wraps to a huge number, so one comparison checks both ends.
+                elif not np.count_nonzero(actions.view(self._unsigned) >= bound):
+                    return actions
         return validate_actions(self.space, actions, n)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,17 +13,11 @@ class LatencyRing:
     """The last ``size`` latencies (seconds), for percentiles without unbounded memory."""
 
     def __init__(self, size: int = 4096) -> None:
-        self._buf: list[float] = [0.0] * size
-        self._size = size
-        self._n = 0
-
-    def add(self, x: float) -> None:
-        n = self._n
-        self._buf[n % self._size] = x
-        self._n = n + 1
+        self._buf: deque[float] = deque(maxlen=size)
+        self.add = self._buf.append  # one C call per sample: this runs once per batch
 
     def percentiles(self, qs: tuple[float, ...] = (50, 90, 99)) -> dict[str, float]:
-        data = np.asarray(self._buf[: min(self._n, self._size)], dtype=np.float64)
+        data = np.fromiter(self._buf, dtype=np.float64, count=len(self._buf))
         if data.size == 0:
             return {f"p{q:g}": float("nan") for q in qs}
         return {f"p{q:g}": float(v) for q, v in zip(qs, np.percentile(data, qs), strict=True)}

@@ -502,3 +502,16 @@ def test_recv_timeout_with_partial_batch_keeps_ready_results(run, clean) -> None
 
     run(main())
     assert_clean(clean)
+
+
+@pytest.mark.parametrize("n", [3, aiovec.spaces.SMALL_BATCH, aiovec.spaces.SMALL_BATCH + 1, 64])
+def test_action_fast_path_checks_both_ends_of_a_discrete_space(n: int) -> None:
+    """The checker's fast path (an array of the buffer's dtype) still rejects -1 and n, at any batch size."""
+    checker = aiovec.spaces.ActionChecker(gym.spaces.Discrete(2), n)
+    good = np.ones(n, dtype=np.int64)
+    assert checker(good, n) is good  # accepted as is: no copy
+    for bad_value in (-1, 2, np.iinfo(np.int64).min):
+        bad = good.copy()
+        bad[n // 2] = bad_value
+        with pytest.raises(InvalidActionError, match=f"position {n // 2} is outside"):
+            checker(bad, n)
