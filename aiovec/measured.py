@@ -265,6 +265,7 @@ class MeasuredController:
         explore = _neighbours(cur, cands) if unsure else set()
         if self._explored_processes or self._slow_moves:  # process moves cost episodes of mixed placement: one look
             explore = {c for c in explore if c.processes == cur.processes}  # per regime, none where episodes are long
+        rung = self._other_rung(cur, cands, costs, m)
         for c in cands:
             rec = self.records.get(c)
             if rec is not None and rec.banned_until > self._i and c != cur:
@@ -276,7 +277,8 @@ class MeasuredController:
                 scored.append((rec.median, True, c))  # type: ignore[union-attr]
             elif self._probes_left > 0 or force:
                 bonus = 1 + self.explore if c in explore else 1.0
-                scored.append((bonus * cal * predict(c, costs, m.num_envs, m.cpus, lockstep), False, c))
+                score = bonus * cal * predict(c, costs, m.num_envs, m.cpus, lockstep)
+                scored.append((max(score, here * (1 + self.gain)) if c == rung else score, False, c))
         if not scored:
             return None
         top = max(s for s, _, _ in scored)
@@ -299,6 +301,24 @@ class MeasuredController:
         return self._move(cur, best, m, f"{best.label}: {why}{kind} {score:,.0f} steps/s vs {here:,.0f} at {cur.label}")
 
     # -- helpers --------------------------------------------------------------------------
+    def _other_rung(self, cur: Config, cands: list[Config], costs: Costs, m: Measurement) -> Config | None:
+        """The in-process rung beside the current one (inline <-> hybrid with the fewest processes), to be measured
+        rather than predicted, or None.
+
+        Between these two the model is least reliable: beside a worker the parent's steps cost more CPU
+        (CartPole x8 on a slow 2-CPU host: 25 us a step in hybrid, 18 inline), so costs inferred in hybrid
+        under-rate inline, and the round trip's price varies by host. Only where a batch is cheap (the round
+        trip weighs on it) and moves are quick (short episodes): elsewhere the model's ranking is clear
+        enough, and a look would cost whole episodes of the worse placement.
+        """
+        if cur.placement not in ("inline", "hybrid") or self._slow_moves:
+            return None
+        if m.num_envs * costs.cpu_s * (1 - 1 / max(2.0, m.cpus)) > RUNG_LOOK_BATCH_S:
+            return None
+        if cur.placement == "hybrid":
+            return Config.inline() if Config.inline() in cands else None
+        return min((c for c in cands if c.placement == "hybrid"), key=lambda c: c.processes, default=None)
+
     def _allowed(self, m: Measurement) -> list[Config]:
         """Candidate configurations for this vector env (lock-step efficient, within the user's bounds)."""
         n = m.num_envs
@@ -336,6 +356,11 @@ class MeasuredController:
 
     def _hold(self, cur: Config, why: str, measured: bool = True) -> Decision:
         return Decision(cur.processes, why, measured=measured, threads=cur.threads, placement=cur.placement)
+
+
+RUNG_LOOK_BATCH_S = 200e-6
+"""Up to this much env CPU a batch moves off this process in hybrid (``n * t * (1 - 1/cpus)``), inline and hybrid
+are both measured (see ``MeasuredController._other_rung``): about four round trips to a worker."""
 
 
 def inline_fits(costs: Costs) -> bool:

@@ -153,6 +153,33 @@ def test_cheap_envs_may_move_inline_when_allowed() -> None:
 
 
 
+def test_inline_and_hybrid_are_both_measured_where_a_batch_is_cheap() -> None:
+    """Between the two in-process rungs the model misjudges (beside a worker the parent's steps cost more), so where
+    a batch is cheap each start is followed by a look at the other rung, and the faster one is kept: the truth
+    here is the opposite of the model's ranking, in both directions."""
+    env = {"n": 8, "t_cpu": 30e-6, "t_wait": 0.0, "inline_ok": True}
+    def model(c: Config) -> float:
+        return predict(c, Costs(30e-6, 0.0, 20e-6), 8, 2)
+
+    assert model(Config.hybrid(2)) > 1.05 * model(Config.inline())  # the model alone would never look at inline
+
+    def inline_fast(c: Config) -> float:
+        return 1.5 * model(Config.hybrid(2)) if c.placement == "inline" else model(c)
+
+    trace = follow(MeasuredController(), Config.hybrid(2), 12, inline_fast, **env)
+    assert trace[-1] == Config.inline() and trace[-4:] == [Config.inline()] * 4, [c.label for c in trace]
+
+    def hybrid_slow(c: Config) -> float:
+        return 0.6 * model(c) if c.placement == "hybrid" else model(c)
+
+    trace = follow(MeasuredController(), Config.inline(), 18, hybrid_slow, **env)  # it looks at 2 processes too
+    assert Config.hybrid(2) in trace and trace[-4:] == [Config.inline()] * 4, [c.label for c in trace]
+    # A costly batch (HalfCheetah-like, 0.1 ms a step): the model's ranking stands, no look at inline.
+    env["t_cpu"] = 100e-6
+    trace = follow(MeasuredController(), Config.hybrid(2), 12, None, **env)
+    assert Config.inline() not in trace, [c.label for c in trace]
+
+
 def test_a_placement_the_user_chose_stays() -> None:
     """placement="inline"/"hybrid"/"process" with num_workers="auto": the controller tunes only within it,
     even where the model rates another placement better (it once left an explicit inline for processes)."""
