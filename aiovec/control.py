@@ -85,7 +85,7 @@ class ControlLoop:
         threaded = self.venv.env_threads > 1 and pool is not None and pool.kind == "process"
         return _Sample(
             time.perf_counter(), sum(w.steps for w in workers), sum(w.commands for w in workers), sum(w.cpu_s for w in workers),
-            sum(w.wall_s for w in workers), sum(w.runq_s for w in workers), time.process_time(),
+            sum(w.wall_s for w in workers), sum(w.runq_s for w in workers), time.process_time() - (pool.poll_s if pool else 0.0),
             self.venv._busy_time(), pool.moves if pool else 0,
             _task_runq([w.pid for w in stats.workers.values() if w.pid]) if threaded else None,
         )

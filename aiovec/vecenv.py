@@ -129,8 +129,10 @@ class AsyncVecEnv:
             raise ``EnvError`` naming the env (default: on in Python's development mode,
             ``python -X dev``, or with ``AIOVEC_DEBUG=1``; off otherwise, it costs a check per step).
         spin: let idle workers poll for the next command instead of sleeping at once, for about the
-            parent's usual gap between a reply and the next command, at most 2 ms (``"auto"``: only while
-            the workers leave the parent a CPU of its own, re-decided at each resize).
+            parent's usual gap between a reply and the next command, at most 2 ms, and let this process
+            poll for a step reply due within 0.25 ms instead of sleeping until the loop reports it (it
+            holds the loop meanwhile, as one slice of in-process stepping does). ``"auto"``: only while
+            the workers leave the parent a CPU of its own, re-decided at each resize.
         placement: where the envs run. ``"process"``: in worker processes (isolation: a crash or a
             hang in an env cannot take the application down). ``"inline"``: inside this process, on
             the event loop, in slices of at most ~0.25 ms that yield between them; no round trip,
@@ -990,18 +992,25 @@ class AsyncVecEnv:
         return StepResult(obs, v.rewards[ids], v.terminations[ids], v.truncations[ids], infos, ids)
 
     async def _wait(self, deadline: float | None, batch: bool = False) -> None:
-        """Until something changes (``batch``: until no step is in flight), an error, a close or the deadline."""
+        """Until something changes (``batch``: until no step is in flight), an error, a close or the deadline.
+
+        A reply due within a fraction of a millisecond is polled for (``WorkerPool.poll_replies``), then
+        the loop gets its turn: still a checkpoint."""
         loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self._waiters.append((fut, batch))
-        handle = None
-        if deadline is not None:
-            handle = loop.call_at(deadline, _release, fut)
-        try:
-            await fut
-        finally:
-            if handle is not None:
-                handle.cancel()
+        pool = self._pool
+        if pool is not None and pool.poll_replies():
+            await asyncio.sleep(0)
+        else:
+            fut = loop.create_future()
+            self._waiters.append((fut, batch))
+            handle = None
+            if deadline is not None:
+                handle = loop.call_at(deadline, _release, fut)
+            try:
+                await fut
+            finally:
+                if handle is not None:
+                    handle.cancel()
         if self._closed:
             raise ClosedError("the vector env was closed")
         if deadline is not None and loop.time() >= deadline and not self._errors:

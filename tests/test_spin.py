@@ -115,3 +115,41 @@ def test_the_spin_window_follows_the_parents_usual_gap():
         w.saw(3e-3)  # the parent usually takes longer than the cap: no polling at all
     assert w.window() == 0.0
     assert SpinWindow(100e-6).window() <= 100e-6  # a cap below the least poll still bounds it
+
+
+def test_the_parent_polls_for_due_replies_only_while_workers_leave_it_a_cpu(cpus, clean):
+    """With a CPU to spare the parent busy-polls a reply that is due (no wake-up of a sleeping loop), results
+    exact; with as many workers as CPUs, or with spin=False, it sleeps in the loop as before."""
+    cpus(2)
+    n = 4
+    rng = np.random.default_rng(1)
+
+    async def main() -> None:
+        ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])
+        async with aiovec.make("CartPole-v1", n, num_workers=1, placement="process") as venv:
+            obs, _ = await venv.reset(seed=3)
+            np.testing.assert_array_equal(obs, ref.reset(seed=3)[0])
+            pool = venv._pool
+            for _ in range(300):
+                a = rng.integers(0, 2, n)
+                got, want = await venv.step(a), ref.step(a)
+                for g, w in zip(got[:4], want[:4], strict=True):
+                    np.testing.assert_array_equal(g, w)
+            assert pool.poll_s > 0, "one worker on 2 CPUs: the parent polls"
+            await venv.resize(2)
+            for _ in range(300):  # every env ends an episode: every move completes
+                await venv.step(rng.integers(0, 2, n))
+            assert venv.num_workers == 2 and venv.pending_moves == 0
+            before = pool.poll_s
+            for _ in range(200):
+                await venv.step(rng.integers(0, 2, n))
+            assert pool.poll_s == before, "2 workers on 2 CPUs: no CPU to poll on"
+        ref.close()
+        async with aiovec.make("CartPole-v1", n, num_workers=1, placement="process", spin=False) as venv:
+            await venv.reset(seed=0)
+            for _ in range(300):
+                await venv.step(rng.integers(0, 2, n))
+            assert venv._pool.poll_s == 0
+
+    aiovec.run(main())
+    assert_clean(clean)

@@ -33,6 +33,10 @@ class WorkerHandle(ABC):
     def send(self, msg: tuple[Any, ...]) -> None:
         """Queue one command; never blocks the event loop."""
 
+    def poll(self) -> None:  # noqa: B027 - optional: backends that cannot read without the loop do nothing
+        """Deliver the replies that have arrived, now, without waiting for the event loop to report them
+        (the parent's short busy-wait for a reply that is due; see ``WorkerPool.poll_replies``)."""
+
     @abstractmethod
     async def stop(self, grace: float) -> None:
         """Wait up to ``grace`` seconds for the worker to exit after CLOSE, then kill it; release everything."""

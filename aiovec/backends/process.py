@@ -88,6 +88,7 @@ class ProcessWorker(WorkerHandle):
         self._on_exit = on_exit
         self._exited = False
         self._closing = False
+        self._eof = False  # the worker's end closed: nothing more to read
         self.pid: int | None = None
         self.exitcode: int | None = None
         parent_conn, child_conn = ctx.Pipe(duplex=True)
@@ -198,6 +199,10 @@ class ProcessWorker(WorkerHandle):
         if not self._wbuf:
             self._loop.remove_writer(self._fd)
 
+    def poll(self) -> None:
+        if not self._exited and not self._eof:
+            self._on_readable()
+
     def _on_readable(self) -> None:
         try:
             data = os.read(self._fd, 1 << 16)
@@ -206,6 +211,7 @@ class ProcessWorker(WorkerHandle):
         except OSError:
             data = b""
         if not data:
+            self._eof = True
             self._loop.remove_reader(self._fd)
             if not self._closing:
                 # Died (or is dying): the executor reports how, via the serve future.

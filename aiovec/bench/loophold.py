@@ -1,7 +1,8 @@
 """How long aiovec holds the event loop while it steps envs in this process.
 
-While aiovec steps CartPole x8 and x64 inline, and x64 hybrid (one shard here, one in a
-worker process), in a lock-step loop and in a first-finished ``send``/``recv`` rollout
+While aiovec steps CartPole x8 and x64 inline, x64 hybrid (one shard here, one in a
+worker process), and x8 in one worker process (the parent polls for replies that are due,
+``WorkerPool.poll_replies``), in a lock-step loop and in a first-finished ``send``/``recv`` rollout
 loop, a side task yields with ``await asyncio.sleep(0)`` and records the gaps between its
 turns (:class:`.gaps.TurnGaps`). Target: p99 gap <= 1 ms, and the side task keeps getting
 turns beside the rollout loop.
@@ -45,7 +46,8 @@ async def _case(env_id: str, n: int, mode: str, duration: float, options: dict) 
 
 async def _all(duration: float) -> list[dict[str, Any]]:
     hybrid = {"placement": "hybrid", "num_workers": 2}
-    plan = [(n, inline()) for n in (8, 64)] + [(64, hybrid)]
+    one_process = {"placement": "process", "num_workers": 1}
+    plan = [(n, inline()) for n in (8, 64)] + [(64, hybrid), (8, one_process)]
     return [await _case("CartPole-v1", n, mode, duration, options) for n, options in plan for mode in ("step", "recv")]
 
 
