@@ -25,8 +25,11 @@ which the command after a 200 us policy pass always missed."""
 
 @dataclass(frozen=True)
 class StepCost:
+    """What one step of env 0 cost in the probe; ``pace_s``: this host's :func:`python_pace` then (None: unknown)."""
+
     cpu_s: float
     wall_s: float
+    pace_s: float | None = None
 
     @property
     def waiting_share(self) -> float:
@@ -54,9 +57,32 @@ def probe_step_cost(env: Any, max_steps: int = 40, max_s: float = 0.05) -> StepC
             wall.append(time.perf_counter() - w0)
             if term or trunc:
                 env.reset()
-        return StepCost(_lower_quartile(cpu), _lower_quartile(wall)) if wall else None
+        return StepCost(_lower_quartile(cpu), _lower_quartile(wall), python_pace()) if wall else None
     except Exception:
         return None
+
+
+def _reference_work() -> float:
+    x = 0.0
+    for i in range(100):
+        x = x * 0.5 + math.sin(i)
+    return x
+
+
+def python_pace(repeats: int = 9) -> float:
+    """Seconds this host takes, now, for a fixed bit of interpreter work (~2 us on a fast core, ~8 us on this
+    project's slower VMs; the lower quartile of ``repeats``).
+
+    The round trip to a worker is mostly interpreter and kernel work, so its price moves with the host's speed
+    (the same VM measured CartPole's step at 11 and 21 us minutes apart): :func:`choose_placement` weighs an
+    env's step against it in these units rather than in fixed microseconds.
+    """
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _reference_work()
+        times.append(time.perf_counter() - t0)
+    return _lower_quartile(times)
 
 
 def _lower_quartile(xs: list[float]) -> float:
@@ -108,7 +134,13 @@ ROUND_TRIP_S = 50e-6
 spinning worker, its reply, the parent's bookkeeping. Where ``n * t * (1 - 1/w)`` equals it, inline and
 hybrid tie. Measured on 2 CPUs (same run, lock-step, x SyncVectorEnv, inline vs hybrid): CartPole x8
 0.85 vs 0.66, x16 0.88 vs 0.89 (n t / 2 ~ 48 us: the tie), x24 0.88 vs 1.08, x32 0.85 vs 1.22, x64 0.88
-vs 1.36; HalfCheetah x8 0.86 vs 1.15."""
+vs 1.36; HalfCheetah x8 0.86 vs 1.15. Used where the host's pace is unknown; see ``ROUND_TRIP_PACES``."""
+
+ROUND_TRIP_PACES = 10.0
+"""The same round trip in units of :func:`python_pace` (it moves with the host's speed). On a VM ~3x slower
+than the one above (CartPole ~11-21 us a step, pace ~8 us; the parent polling for replies): CartPole x8
+inline 1.04 vs hybrid 0.90 x SyncVectorEnv, x16 0.86 vs 1.07, x32 1.19 vs 1.42: a tie between 8 and 16
+envs, n t / 2 ~ 8 paces; on the faster host above the tie at 16 is ~11 paces (t ~ 1.35 paces, both hosts)."""
 
 INLINE_MAX_BUILD_S = 0.25
 """Envs slower to build than this never step in this process (a heavy simulator earns its isolation;
@@ -124,7 +156,8 @@ def choose_placement(num_envs: int, cost: StepCost | None, cpus: int, build_s: f
 
     Inline, a batch costs ``n * t`` on this process alone. Hybrid, this process steps one shard
     of ``w = min(cpus, n)`` while ``w - 1`` worker processes step the others, so a batch costs
-    about ``n * t / w`` plus a round trip: inline wins while ``n * t * (1 - 1/w) <= ROUND_TRIP_S``,
+    about ``n * t / w`` plus a round trip: inline wins while ``n * t * (1 - 1/w)`` is at most the round
+    trip (``ROUND_TRIP_PACES`` of the host's pace when the probe measured it, else ``ROUND_TRIP_S``),
     hybrid beyond. Processes alone leave this process idle while ``w`` workers share the
     CPUs with it, so they lose to hybrid for envs that compute; they win for envs that mostly
     wait (sleeps, I/O: overlapped on many processes and threads), for envs slow to build, and for
@@ -133,6 +166,7 @@ def choose_placement(num_envs: int, cost: StepCost | None, cpus: int, build_s: f
     if cost is None or cost.waiting_share > 0.5 or build_s > INLINE_MAX_BUILD_S or cost.wall_s > INLINE_MAX_STEP_S:
         return "process"
     w = max(1, min(cpus, num_envs))
-    if num_envs * cost.wall_s * (1 - 1 / w) <= ROUND_TRIP_S:
+    round_trip = ROUND_TRIP_PACES * cost.pace_s if cost.pace_s else ROUND_TRIP_S
+    if num_envs * cost.wall_s * (1 - 1 / w) <= round_trip:
         return "inline"
     return "hybrid"

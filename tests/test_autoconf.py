@@ -7,7 +7,7 @@ import time
 import gymnasium as gym
 import numpy as np
 
-from aiovec.autoconf import ROUND_TRIP_S, StepCost, choose_placement, probe_step_cost
+from aiovec.autoconf import ROUND_TRIP_PACES, ROUND_TRIP_S, StepCost, choose_placement, probe_step_cost, python_pace
 
 
 class ColdStart(gym.Env):
@@ -47,3 +47,21 @@ def test_placement_rule() -> None:
     assert choose_placement(64, StepCost(cpu_s=20e-6, wall_s=2e-3), 2, 1e-3) == "process"  # mostly waiting
     assert choose_placement(64, cheap, 2, 1.0) == "process"  # slow to build
     assert choose_placement(8, StepCost(cpu_s=1e-3, wall_s=1e-3), 2, 1e-3) == "process"  # one step would hold the loop 1 ms
+
+
+def test_the_round_trip_is_weighed_in_the_hosts_pace() -> None:
+    """The same CartPole on a host twice as slow: its step and the round trip both double, so the choice stays."""
+    fast = StepCost(cpu_s=6e-6, wall_s=6e-6, pace_s=4.5e-6)
+    slow = StepCost(cpu_s=12e-6, wall_s=12e-6, pace_s=9e-6)
+    for n in (4, 8, 12, 16, 24, 32, 64):
+        assert choose_placement(n, fast, 2, 1e-3) == choose_placement(n, slow, 2, 1e-3), n
+    n = int(2 * ROUND_TRIP_PACES * slow.pace_s / slow.wall_s)  # where n t (1 - 1/2) crosses the round trip
+    assert choose_placement(n - 1, slow, 2, 1e-3) == "inline" and choose_placement(n + 2, slow, 2, 1e-3) == "hybrid"
+    # A fixed 50 us round trip would have put the slow host's 8 CartPoles in hybrid (8 x 12 / 2 = 48 us is at it).
+    assert choose_placement(9, StepCost(12e-6, 12e-6), 2, 1e-3) == "hybrid" and choose_placement(9, slow, 2, 1e-3) == "inline"
+
+
+def test_the_probe_measures_the_pace() -> None:
+    cost = probe_step_cost(gym.make("CartPole-v1"))
+    assert cost is not None and cost.pace_s is not None and 0 < cost.pace_s < 1e-3, cost
+    assert 0 < python_pace(3) < 1e-3
