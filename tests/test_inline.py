@@ -249,3 +249,24 @@ def test_a_next_step_autoreset_is_not_replayed_elsewhere(run_uv, clean) -> None:
 
     run_uv(main())
     assert_clean(clean)
+
+
+def test_one_slow_step_does_not_move_the_slice_estimate_two_in_a_row_do() -> None:
+    """The per-env cost that sizes slices ignores one slow step (the host busy for a moment: otherwise the
+    next batches of cheap envs leave the in-turn path), follows two at once, and falls back slowly."""
+    from aiovec.backends.inline import PerEnvCost
+
+    cost = PerEnvCost(250e-6)
+    for _ in range(200):
+        cost.add(80e-6, 8)  # 10 us an env
+    assert cost.per_env_s == pytest.approx(10e-6, rel=0.01)
+    cost.add(400e-6, 8)  # one hiccup: 50 us an env
+    assert cost.per_env_s == pytest.approx(10e-6, rel=0.01)
+    cost.add(80e-6, 8)
+    cost.add(320e-6, 8)  # the env got costlier: 40 us, then 45 us an env
+    cost.add(360e-6, 8)
+    assert cost.per_env_s == pytest.approx(40e-6)  # raised at once, to the lower of the two
+    cost.add(80e-6, 8)  # and back: it falls slowly
+    assert 10e-6 < cost.per_env_s < 40e-6
+    cost.add(0.0, 0)  # nothing stepped: nothing learned
+    assert 10e-6 < cost.per_env_s < 40e-6
