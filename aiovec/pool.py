@@ -158,6 +158,8 @@ class WorkerPool:
         self._stopping: list[asyncio.Task] = []
         self.moves = 0
         self.poll_s = 0.0  # time this process spent polling for replies (not bookkeeping: the controller subtracts it)
+        self.replies = 0  # replies delivered, of any kind
+        self._polling = False
 
     # -- start / stop -------------------------------------------------------------------
     async def start(self, num_workers: int, kind: str = "process") -> None:
@@ -570,6 +572,7 @@ class WorkerPool:
         w = self.workers.get(wid)
         if w is None:
             return
+        self.replies += 1
         op, t_sent, handler, ids = w.pending.popleft()
         if op == P.STEP:  # env ids as the array they were sent for (a STEP_SHARD reply names none)
             if type(reply) is P.Timing:  # the fast reply: no infos, no errors
@@ -588,6 +591,7 @@ class WorkerPool:
         w = self.workers.get(wid)
         if w is None:
             return
+        self.replies += 1
         p = w.pending.popleft()
         self.stats.record(wid, len(p.env_ids), cpu_s, wall_s, runq_s, time.perf_counter() - p.t_sent)
         w.step_s = wall_s if w.step_s is None else 0.75 * w.step_s + 0.25 * wall_s
@@ -598,38 +602,43 @@ class WorkerPool:
 
     def poll_replies(self) -> bool:
         """Busy-poll the worker processes for step replies due within :data:`POLL_S`, rather than sleep in the
-        event loop until they arrive. True if any reply was delivered.
+        event loop until they arrive. True if any reply was delivered meanwhile (then whoever waits must look
+        again: the replies may have done what it waits for, or started more commands).
 
         Sleeping costs a wake-up when the reply comes: on a VM whose idle CPUs halt at once, 30-150 us a batch,
         as long as a batch of 8 CartPoles. Polled only while the workers leave this process a CPU of its own
-        (the same rule as the workers' spin, and off with ``spin=False``), only for step commands whose
-        measured duration says the reply is due within :data:`POLL_S`, and never while this process still has
-        envs of its own to step. Holds the loop for at most :data:`POLL_S`.
+        (the same rule as the workers' spin, and off with ``spin=False``), only where every busy worker's next
+        reply is a step that its measured duration says is due within :data:`POLL_S`, and never while this
+        process still has envs of its own to step. Holds the loop for at most :data:`POLL_S`. Not re-entrant: a
+        reply handler that would poll again (hybrid) finds a poll already running.
         """
-        if self.backend.spin_s <= 0 or self.closing:
+        if self._polling or self.backend.spin_s <= 0 or self.closing:
             return False
         waiting = [w for w in self.workers.values() if w.pending]
         if not waiting:
             return False
-        due = 0.0
+        due, steps = 0.0, 0
         for w in waiting:
             p = w.pending[0]
             if w.kind == "inline" or w.step_s is None or p.op != P.STEP:
                 return False
             due = max(due, p.t_sent + w.step_s)
+            steps += sum(1 for q in w.pending if q.op == P.STEP)
         clock = time.perf_counter
         start = clock()
         if due - start > POLL_S:
             return False
-        before = left = sum(len(w.pending) for w in waiting)
-        end = start + POLL_S
-        while left and clock() < end:
-            for w in waiting:
-                if w.pending:
-                    w.handle.poll()
-            left = sum(len(w.pending) for w in waiting)
+        first, end = self.replies, start + POLL_S
+        self._polling = True
+        try:
+            while self.replies - first < steps and clock() < end:
+                for w in waiting:
+                    if w.pending:
+                        w.handle.poll()
+        finally:
+            self._polling = False
         self.poll_s += clock() - start
-        return left < before
+        return self.replies > first
 
     def _after_reply(self, wid: int, w: _Worker) -> None:
         """Housekeeping after any reply: retire an emptied worker, recycle old or fat ones."""

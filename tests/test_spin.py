@@ -6,6 +6,8 @@ The CPU count is pinned (2, or 4 for the revive case) so every machine exercises
 
 from __future__ import annotations
 
+import asyncio
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -150,6 +152,35 @@ def test_the_parent_polls_for_due_replies_only_while_workers_leave_it_a_cpu(cpus
             for _ in range(300):
                 await venv.step(rng.integers(0, 2, n))
             assert venv._pool.poll_s == 0
+
+    aiovec.run(main())
+    assert_clean(clean)
+
+
+@pytest.mark.parametrize("route", [("process", "inline", "process", "hybrid"), ("inline", "hybrid", "process", "inline")])
+def test_polled_replies_that_start_moves_never_lose_the_wake_up(cpus, clean, route):
+    """Moves between this process and one worker while the parent polls: a polled reply can complete the batch
+    and send move commands in the same breath (once, step() then slept forever: the poll counted pending
+    commands, not delivered replies). Every step completes and matches SyncVectorEnv."""
+    cpus(2)
+    n = 4
+    rng = np.random.default_rng(2)
+
+    async def main() -> None:
+        ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])
+        async with aiovec.make("CartPole-v1", n, num_workers=2, placement="hybrid") as venv:  # may go inline later
+            obs, _ = await venv.reset(seed=5)
+            np.testing.assert_array_equal(obs, ref.reset(seed=5)[0])
+            for placement in route:
+                await venv.resize(1 if placement != "hybrid" else 2, placement=placement)
+                for _ in range(150):  # CartPole's episodes end within ~50 random steps: every move completes
+                    a = rng.integers(0, 2, n)
+                    got = await asyncio.wait_for(venv.step(a), 30)
+                    want = ref.step(a)
+                    for g, w in zip(got[:4], want[:4], strict=True):
+                        np.testing.assert_array_equal(g, w)
+                assert venv.pending_moves == 0 and venv.placement == placement
+        ref.close()
 
     aiovec.run(main())
     assert_clean(clean)

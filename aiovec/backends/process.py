@@ -89,6 +89,7 @@ class ProcessWorker(WorkerHandle):
         self._exited = False
         self._closing = False
         self._eof = False  # the worker's end closed: nothing more to read
+        self._reading = False  # within _on_readable (a reply handler may poll this worker again)
         self.pid: int | None = None
         self.exitcode: int | None = None
         parent_conn, child_conn = ctx.Pipe(duplex=True)
@@ -204,6 +205,15 @@ class ProcessWorker(WorkerHandle):
             self._on_readable()
 
     def _on_readable(self) -> None:
+        if self._reading:  # polled again from a reply handler of this very read: the outer read carries on
+            return
+        self._reading = True
+        try:
+            self._read()
+        finally:
+            self._reading = False
+
+    def _read(self) -> None:
         try:
             data = os.read(self._fd, 1 << 16)
         except BlockingIOError:
