@@ -302,22 +302,20 @@ class MeasuredController:
 
     # -- helpers --------------------------------------------------------------------------
     def _other_rung(self, cur: Config, cands: list[Config], costs: Costs, m: Measurement) -> Config | None:
-        """The in-process rung beside the current one (inline <-> hybrid with the fewest processes), to be measured
-        rather than predicted, or None.
+        """Inline, where the current configuration is hybrid: to be measured rather than predicted, or None.
 
         Between these two the model is least reliable: beside a worker the parent's steps cost more CPU
         (CartPole x8 on a slow 2-CPU host: 25 us a step in hybrid, 18 inline), so costs inferred in hybrid
         under-rate inline, and the round trip's price varies by host. Only where a batch is cheap (the round
         trip weighs on it) and moves are quick (short episodes): elsewhere the model's ranking is clear
-        enough, and a look would cost whole episodes of the worse placement.
+        enough, and a look would cost whole episodes of the worse placement. Only this way round: a look at
+        inline starts nothing, while one at hybrid starts a process (~1 s here) and is left to the model.
         """
-        if cur.placement not in ("inline", "hybrid") or self._slow_moves:
+        if cur.placement != "hybrid" or self._slow_moves:
             return None
         if m.num_envs * costs.cpu_s * (1 - 1 / max(2.0, m.cpus)) > RUNG_LOOK_BATCH_S:
             return None
-        if cur.placement == "hybrid":
-            return Config.inline() if Config.inline() in cands else None
-        return min((c for c in cands if c.placement == "hybrid"), key=lambda c: c.processes, default=None)
+        return Config.inline() if Config.inline() in cands else None
 
     def _allowed(self, m: Measurement) -> list[Config]:
         """Candidate configurations for this vector env (lock-step efficient, within the user's bounds)."""

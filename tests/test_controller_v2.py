@@ -155,8 +155,8 @@ def test_cheap_envs_may_move_inline_when_allowed() -> None:
 
 def test_inline_and_hybrid_are_both_measured_where_a_batch_is_cheap() -> None:
     """Between the two in-process rungs the model misjudges (beside a worker the parent's steps cost more), so where
-    a batch is cheap each start is followed by a look at the other rung, and the faster one is kept: the truth
-    here is the opposite of the model's ranking, in both directions."""
+    a batch is cheap a hybrid start is followed by a look at inline (which starts nothing), and the faster one
+    is kept, against the model's ranking; from inline the model's proposal of hybrid is measured and reverted."""
     env = {"n": 8, "t_cpu": 30e-6, "t_wait": 0.0, "inline_ok": True}
     def model(c: Config) -> float:
         return predict(c, Costs(30e-6, 0.0, 20e-6), 8, 2)
