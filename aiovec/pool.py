@@ -142,7 +142,6 @@ class WorkerPool:
         self.recycle_steps = recycle_steps
         self.recycle_rss_mb = recycle_rss_mb
         self.recycled = 0
-        self._replies = 0
         self.workers: dict[int, _Worker] = {}
         self.loc = np.full(self.num_envs, -1, dtype=np.int64)  # env -> hosting worker (-1: in transit or lost)
         self._next_id = 0
@@ -158,7 +157,7 @@ class WorkerPool:
         self._stopping: list[asyncio.Task] = []
         self.moves = 0
         self.poll_s = 0.0  # time this process spent polling for replies (not bookkeeping: the controller subtracts it)
-        self.replies = 0  # replies delivered, of any kind
+        self.replies = 0  # replies delivered, of any kind (counted in _after_reply)
         self._polling = False
 
     # -- start / stop -------------------------------------------------------------------
@@ -572,7 +571,6 @@ class WorkerPool:
         w = self.workers.get(wid)
         if w is None:
             return
-        self.replies += 1
         op, t_sent, handler, ids = w.pending.popleft()
         if op == P.STEP:  # env ids as the array they were sent for (a STEP_SHARD reply names none)
             if type(reply) is P.Timing:  # the fast reply: no infos, no errors
@@ -591,7 +589,6 @@ class WorkerPool:
         w = self.workers.get(wid)
         if w is None:
             return
-        self.replies += 1
         p = w.pending.popleft()
         self.stats.record(wid, len(p.env_ids), cpu_s, wall_s, runq_s, time.perf_counter() - p.t_sent)
         w.step_s = wall_s if w.step_s is None else 0.75 * w.step_s + 0.25 * wall_s
@@ -641,13 +638,12 @@ class WorkerPool:
         return self.replies > first
 
     def _after_reply(self, wid: int, w: _Worker) -> None:
-        """Housekeeping after any reply: retire an emptied worker, recycle old or fat ones."""
+        """Housekeeping after any reply: count it, retire an emptied worker, recycle old or fat ones."""
+        self.replies += 1
         if self._retiring and wid in self._retiring and not w.pending:
             self._stop_empty()
-        if self.recycle_steps or self.recycle_rss_mb:
-            self._replies += 1
-            if self._replies % 64 == 0:
-                self._check_recycle()
+        if (self.recycle_steps or self.recycle_rss_mb) and self.replies % 64 == 0:
+            self._check_recycle()
 
     def _on_exit(self, wid: int, exitcode: int | None, tb: str | None) -> None:
         w = self.workers.pop(wid, None)
