@@ -17,10 +17,13 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .autoconf import python_pace
 from .controller import Controller, Decision, Measurement
 from .machine import available_cpus
 
@@ -74,6 +77,7 @@ class ControlLoop:
         self.fixed_workers = venv._num_workers_arg != "auto"
         self.fixed_threads = getattr(venv, "_env_threads_arg", None) is not None
         self.fixed_placement = venv.placement_arg != "auto"
+        self._paces: deque[float] = deque(maxlen=8)
         self._seen = [0, 0]  # wake-ups that found the caller in step() (lock-step) / in recv() (first-finished)
         pool = venv._pool
         self.inline_ok = pool is not None and "inline" in pool.backends and venv.placement_arg != "process" and not self.fixed_workers
@@ -89,6 +93,11 @@ class ControlLoop:
             self.venv._busy_time(), pool.moves if pool else 0,
             _task_runq([w.pid for w in stats.workers.values() if w.pid]) if threaded else None,
         )
+
+    def _pace(self) -> float:
+        """The host's interpreter pace: the median of the last few intervals' readings (one reading is noisy)."""
+        self._paces.append(python_pace(5))
+        return statistics.median(self._paces)
 
     def _largest_shard(self) -> int:
         pool = self.venv._pool
@@ -128,7 +137,7 @@ class ControlLoop:
             cpus=self._cpus, settling=settling, live_workers=venv.num_workers,
             threads=threads, placement=placement, lockstep=lockstep, largest_shard=shard,
             fixed_workers=self.fixed_workers, fixed_threads=self.fixed_threads, inline_ok=self.inline_ok,
-            fixed_placement=self.fixed_placement,
+            fixed_placement=self.fixed_placement, pace_s=self._pace(),
         )
 
     async def apply(self, m: Measurement, d: Decision) -> bool:

@@ -47,6 +47,7 @@ class Measurement:
     fixed_threads: bool = False  # the user fixed env_threads
     inline_ok: bool = False  # the in-process rungs may be used (no step_timeout, process backend, placement not "process")
     fixed_placement: bool = False  # the user chose the placement: configurations keep the current one
+    pace_s: float = 0.0  # this host's interpreter pace during the interval (autoconf.python_pace); 0: unknown
 
     @property
     def throughput(self) -> float:

@@ -25,7 +25,19 @@ from .autoconf import INLINE_MAX_STEP_S  # noqa: F401  (re-exported for the cont
 from .configs import Config, largest_shard
 
 COMMAND_S = 40e-6
-"""Parent and kernel CPU per command to a worker process (send, wake-up, reply): what a process costs per batch."""
+"""Parent and kernel CPU per command to a worker process (send, wake-up, reply): what a process costs per batch,
+where the host's pace is unknown (see :data:`COMMAND_PACES`)."""
+
+COMMAND_PACES = 11.0
+"""The same cost in units of the host's interpreter pace (:func:`aiovec.autoconf.python_pace`), which moves with
+the host's speed: 40 us where the pace was ~3.7 us (CartPole ~5 us a step); ~90 us on a VM whose pace is ~8 us,
+where the fixed 40 us rated 2 processes (hybrid) 8-12% above inline for 8 CartPoles, and they measured 15-40%
+below it (``python -m aiovec.bench controller``'s trace: every run started a process to find that out)."""
+
+
+def command_cost(pace_s: float) -> float:
+    """:data:`COMMAND_S` at this host's pace (``pace_s`` 0: unknown, the fixed figure)."""
+    return COMMAND_PACES * pace_s if pace_s > 0 else COMMAND_S
 
 THREAD_HANDOFF_S = 15e-6
 """Worker CPU per env step handed to a thread of its pool (queue, wake-up, GIL hand-over)."""
@@ -52,8 +64,9 @@ class Costs:
         return self.wait_s / total if total > 0 else 0.0
 
 
-def predict(c: Config, costs: Costs, num_envs: int, cpus: float, lockstep: bool = True) -> float:
-    """Predicted steps/s of ``num_envs`` envs under configuration ``c`` on ``cpus`` CPUs.
+def predict(c: Config, costs: Costs, num_envs: int, cpus: float, lockstep: bool = True, command: float = COMMAND_S) -> float:
+    """Predicted steps/s of ``num_envs`` envs under configuration ``c`` on ``cpus`` CPUs; ``command``: what a
+    command to a worker process costs (:func:`command_cost`).
 
     >>> cpu_bound = Costs(cpu_s=1e-3, wait_s=0.0, main_s=20e-6)
     >>> round(predict(Config("process", 2, 1), cpu_bound, 8, 2)) > round(predict(Config("process", 1, 1), cpu_bound, 8, 2))
@@ -70,19 +83,19 @@ def predict(c: Config, costs: Costs, num_envs: int, cpus: float, lockstep: bool 
         p = max(2, min(c.processes, n))
         s = largest_shard(n, p) if lockstep else n / p
         shard = s * (t_cpu + t_wait)
-        parent = n * t_main + (p - 1) * COMMAND_S / 2
-        batch = max(shard + COMMAND_S, shard + parent, (n * t_cpu + parent + (p - 1) * COMMAND_S) / cpus)
+        parent = n * t_main + (p - 1) * command / 2
+        batch = max(shard + command, shard + parent, (n * t_cpu + parent + (p - 1) * command) / cpus)
         return n / batch
     p = max(1, min(c.processes, n))
     s = largest_shard(n, p) if lockstep else n / p
     t = max(1, min(c.threads, math.ceil(s)))
     handoff = THREAD_HANDOFF_S if t > 1 else 0.0
     worker = command_s(s, t, t_cpu, t_wait, lockstep, handoff)
-    parent = n * t_main + p * COMMAND_S / 2
+    parent = n * t_main + p * command / 2
     if lockstep:  # the parent's turn is serial with the workers' (they idle meanwhile)
-        batch = parent + max(worker + COMMAND_S, (n * (t_cpu + handoff) + p * COMMAND_S) / cpus)
+        batch = parent + max(worker + command, (n * (t_cpu + handoff) + p * command) / cpus)
     else:
-        batch = max(worker + COMMAND_S, (n * (t_cpu + handoff + t_main) + p * COMMAND_S) / cpus, parent / PARENT_LIMIT)
+        batch = max(worker + command, (n * (t_cpu + handoff + t_main) + p * command) / cpus, parent / PARENT_LIMIT)
     return n / batch
 
 

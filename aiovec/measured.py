@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from .configs import Config, efficient_counts, efficient_threads, largest_shard, uneven
 from .controller import Decision, Measurement
-from .costmodel import INLINE_MAX_STEP_S, Costs, costs_from, predict, wait_from_command
+from .costmodel import INLINE_MAX_STEP_S, Costs, command_cost, costs_from, predict, wait_from_command
 
 
 @dataclass
@@ -231,7 +231,7 @@ class MeasuredController:
     def _choose(self, cur: Config, here: float, costs: Costs, m: Measurement, regime: str) -> Decision:
         model = self.costs or costs
         lockstep = m.lockstep is not False
-        cal = here / max(predict(cur, model, m.num_envs, m.cpus, lockstep), 1e-9)
+        cal = here / max(predict(cur, model, m.num_envs, m.cpus, lockstep, command_cost(m.pace_s)), 1e-9)
         allowed = self._allowed(m)
         if cur.placement in ("inline", "hybrid") and cur not in allowed:  # too costly to step in this process: leave at once
             pick = self._best([c for c in allowed if c.placement == "process"], cur, here, model, cal, m, lockstep, force=True)
@@ -277,7 +277,7 @@ class MeasuredController:
                 scored.append((rec.median, True, c))  # type: ignore[union-attr]
             elif self._probes_left > 0 or force:
                 bonus = 1 + self.explore if c in explore else 1.0
-                score = bonus * cal * predict(c, costs, m.num_envs, m.cpus, lockstep)
+                score = bonus * cal * predict(c, costs, m.num_envs, m.cpus, lockstep, command_cost(m.pace_s))
                 scored.append((max(score, here * (1 + self.gain)) if c == rung else score, False, c))
         if not scored:
             return None

@@ -180,6 +180,20 @@ def test_inline_and_hybrid_are_both_measured_where_a_batch_is_cheap() -> None:
     assert Config.inline() not in trace, [c.label for c in trace]
 
 
+def test_a_command_to_a_worker_is_priced_at_the_hosts_pace() -> None:
+    """The model's cost of a command to a worker process moves with the host's interpreter pace: on a slow host
+    (pace 8 us: ~90 us a command) 8 CartPole-like envs (16 us a step) stay inline, where the fixed 40 us once
+    started a process for them every run, to measure it 15-40% slower and revert; on a fast host (pace 2 us) the
+    model still rates hybrid higher, and measures it."""
+    env = {"n": 8, "t_cpu": 16e-6, "t_wait": 0.0, "inline_ok": True}
+    slow = follow(MeasuredController(), Config.inline(), 12, **env, pace_s=8e-6)
+    assert set(slow) == {Config.inline()}, [c.label for c in slow]
+    fast = follow(MeasuredController(), Config.inline(), 12, **env, pace_s=2e-6)
+    assert Config.hybrid(2) in fast, [c.label for c in fast]
+    unknown = follow(MeasuredController(), Config.inline(), 12, **env)  # no pace (a v1 trace): the fixed figure
+    assert Config.hybrid(2) in unknown, [c.label for c in unknown]
+
+
 def test_a_placement_the_user_chose_stays() -> None:
     """placement="inline"/"hybrid"/"process" with num_workers="auto": the controller tunes only within it,
     even where the model rates another placement better (it once left an explicit inline for processes)."""
