@@ -71,6 +71,7 @@ class EnvTable:
     - only IDLE or READY envs carry the ``restarted`` flag;
     - every LOST env has the error that lost it;
     - an env with a pending info is READY and has exactly one (a dict or a row of one block).
+    - ``settled`` (set only by a clean in-turn batch, cleared by every other transition) means every env is IDLE.
     """
 
     def __init__(self, num_envs: int, *, debug: bool | None = None) -> None:
@@ -86,6 +87,7 @@ class EnvTable:
         self.in_flight = 0
         self.num_ready = 0
         self.num_restarted = 0
+        self.settled = False  # every env IDLE, as the last transition (a clean in-turn step) left them
         self._busy_s = 0.0  # time with at least one step in flight: the caller's demand
         self._busy_since = 0.0
         self.debug = debug_enabled() if debug is None else debug
@@ -132,6 +134,7 @@ class EnvTable:
         Envs flagged restarted do not step: returns ``(stepping, held)``, ``held`` being None
         or the ids held back; the caller writes their truncation and calls :meth:`truncate_restarted`.
         """
+        self.settled = False
         held = None
         if self.num_restarted:
             flags = self.restarted[ids]
@@ -154,12 +157,14 @@ class EnvTable:
         restarted (:meth:`send`, :meth:`step_done` and :meth:`collect` in one, for the hot path)."""
         np.logical_or(terminations, truncations, out=self.boundary)
         self._busy_s += busy_s
+        self.settled = True
         if self.debug:
             assert not self.num_restarted and not np.count_nonzero(self.state), "stepped in turn: every env must be idle"
             self.check()
 
     def truncate_restarted(self, ids: np.ndarray) -> None:
         """IDLE (restarted) -> READY with a synthesised truncation, for envs :meth:`send` held back."""
+        self.settled = False
         self.restarted[ids] = False
         self.num_restarted -= len(ids)
         self._make_ready(ids)
@@ -176,6 +181,7 @@ class EnvTable:
         ``terminations``/``truncations``: the flags of every env (indexed by env id); ``infos``: None
         or one info (or None) per id; ``errors``: None or ``(env_id, ...)`` tuples. Returns the failed ids.
         """
+        self.settled = False
         self.in_flight -= len(ids)
         if not self.in_flight:
             self._busy_s += time.perf_counter() - self._busy_since
@@ -223,6 +229,7 @@ class EnvTable:
         ``(rows, records, selected)`` for each block of records (``selected``: which of the
         block's rows, None for all), ready for :func:`aiovec.infos.batch_infos`.
         """
+        self.settled = False
         rows: list[tuple[int, dict]] = []
         if self.infos:
             pop = self.infos.pop
@@ -275,6 +282,7 @@ class EnvTable:
 
     def begin_reset(self, ids: np.ndarray) -> None:
         """IDLE/BROKEN -> RESETTING (checked by the caller); a reset clears the restarted flag."""
+        self.settled = False
         self.state[ids] = RESETTING
         cleared = int(self.restarted[ids].sum())
         if cleared:
@@ -285,6 +293,7 @@ class EnvTable:
 
     def reset_done(self, ids: Any, failed: list[int]) -> None:
         """RESETTING -> IDLE at an episode boundary (-> BROKEN for envs whose reset raised)."""
+        self.settled = False
         ids = np.asarray(ids, dtype=np.int64)
         if failed:
             self.state[failed] = BROKEN
@@ -301,6 +310,7 @@ class EnvTable:
         RESETTING -> BROKEN (the reset is lost; resetting again is allowed), IDLE/READY ->
         flagged restarted (their next send truncates instead of stepping).
         """
+        self.settled = False
         synthesized = []
         for i in ids:
             if i in self.lost:
@@ -325,6 +335,7 @@ class EnvTable:
 
     def worker_lost(self, ids: list[int], err: WorkerCrashedError) -> None:
         """A worker died with no restart left: its envs become LOST (a READY result stays deliverable)."""
+        self.settled = False
         for i in ids:
             st = self.state[i]
             if st == STEPPING:
@@ -340,6 +351,7 @@ class EnvTable:
 
     def _make_ready(self, ids: Any, k: int | None = None) -> None:
         """-> READY, all with one arrival number: envs of one reply finished together (ties: env order)."""
+        self.settled = False
         self.state[ids] = READY
         self.arrival[ids] = self._next_arrival
         self._next_arrival += 1
@@ -353,6 +365,7 @@ class EnvTable:
     def check(self) -> None:
         """Raise AssertionError naming the first broken invariant."""
         st = self.state
+        assert not self.settled or not np.count_nonzero(st), "settled, but not every env is idle"
         stepping = int((st == STEPPING).sum())
         assert self.in_flight == stepping, f"in_flight={self.in_flight} but {stepping} envs are stepping"
         ready = np.flatnonzero(st == READY)

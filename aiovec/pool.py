@@ -319,7 +319,7 @@ class WorkerPool:
             return None
         infos, errors, cpu_s, wall_s = done
         self.stats.record(wid, len(w.envs), cpu_s, wall_s, 0.0, wall_s)
-        return P.pack_step_infos(infos, errors), errors, wall_s
+        return (None if infos is None else P.pack_step_infos(infos, errors)), errors, wall_s
 
     def _step_solo_inline(self, handler: ReplyHandler) -> bool:
         """:meth:`step_all_in_turn`, its result delivered like a worker's reply."""

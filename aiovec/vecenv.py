@@ -203,6 +203,7 @@ class AsyncVecEnv:
             raise ConfigError(f"batch_size={self.batch_size} exceeds num_envs={n}")
         try:
             self.autoreset_mode = AutoresetMode(autoreset_mode)
+            self._disabled = self.autoreset_mode == AutoresetMode.DISABLED
         except ValueError:
             raise ConfigError(f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, got {autoreset_mode!r}") from None
         if num_workers != "auto":
@@ -607,13 +608,21 @@ class AsyncVecEnv:
     def _put_actions(self, actions: Any, ids: np.ndarray | None) -> None:
         """Check ``actions`` for ``ids`` (None: every env) and write them to the action buffer; raises
         before anything is sent (``InvalidActionError``, ``EnvStateError``)."""
-        table, rows = self._table, (slice(None) if ids is None else ids)
-        count = self.num_envs if ids is None else len(ids)
-        acts = self._check_actions(actions, count)
-        if ids is not None or np.count_nonzero(table.state):  # all idle (IDLE is 0) needs no further look
+        if ids is None:
+            acts = self._check_actions(actions, self.num_envs)
+            table = self._table
+            if not table.settled and np.count_nonzero(table.state):  # all idle (IDLE is 0) needs no further look
+                self._require(slice(None), (IDLE,), "send to")
+            if self._flat_actions and not self._disabled:  # the hot path of step()
+                self._views.actions[:] = acts
+                return
+            rows: Any = slice(None)
+        else:
+            rows = ids
+            acts = self._check_actions(actions, len(ids))
             self._require(rows, (IDLE,), "send to")
         v = self._views
-        if self.autoreset_mode == AutoresetMode.DISABLED:
+        if self._disabled:
             done = v.terminations[rows] | v.truncations[rows]
             if np.count_nonzero(done):
                 raise EnvStateError(

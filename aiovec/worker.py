@@ -35,7 +35,7 @@ CPU_SAMPLE = 8
 """Whole steps per read of the CPU clock (:meth:`EnvHost.step_timed`) where steps are short: the controller
 sums CPU over intervals of thousands of them, so a sampled share of the wall time serves as well."""
 
-CPU_ALWAYS_S = 200e-6
+CPU_ALWAYS_S = 1e-3
 """After a step that took longer, the clock is read every time: its cost (~1 us) is then negligible, and a
 change of the env's cost shows in the very next interval even where an interval holds few steps."""
 

@@ -63,6 +63,30 @@ def test_stepped_in_turn_updates_boundaries_and_busy_time_and_refuses_a_busy_tab
     with pytest.raises(AssertionError, match="every env must be idle"):
         t.stepped_in_turn(terms, truncs, 0.0)
 
+
+def test_settled_says_every_env_is_idle_until_any_other_transition() -> None:
+    """``settled`` lets step() skip its look at every env's state after a clean in-turn batch; any other
+    transition clears it, and check() refuses a settled table with an env that is not idle."""
+    nothing = np.zeros(N, bool)
+    transitions = {
+        "send": lambda t: t.send(np.array([1])),
+        "begin_reset": lambda t: t.begin_reset(np.array([1])),
+        "worker_restarted": lambda t: t.worker_restarted([1]),
+        "worker_lost": lambda t: t.worker_lost([1], crash([1])),
+    }
+    for name, transition in transitions.items():
+        t = EnvTable(N, debug=True)
+        assert not t.settled
+        t.stepped_in_turn(nothing, nothing, 0.0)
+        assert t.settled
+        transition(t)
+        assert not t.settled, name
+    t = EnvTable(N, debug=False)
+    t.stepped_in_turn(nothing, nothing, 0.0)
+    t.state[3] = BROKEN  # a transition that bypassed the table
+    with pytest.raises(AssertionError, match="settled"):
+        t.check()
+
 def test_env_error_breaks_only_that_env_and_require_names_it() -> None:
     t = EnvTable(N, debug=True)
     t.send(np.arange(N))
@@ -122,7 +146,7 @@ class Model:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["send", "reply", "fail", "collect", "reset", "restart", "lose"]),
+@given(st.lists(st.tuples(st.sampled_from(["send", "reply", "fail", "collect", "reset", "restart", "lose", "in_turn"]),
                           st.lists(st.integers(0, N - 1), min_size=1, max_size=N, unique=True)), max_size=40))
 def test_random_event_sequences_match_the_reference_model(events: list) -> None:
     t, m = EnvTable(N, debug=True), Model()
@@ -194,6 +218,11 @@ def test_random_event_sequences_match_the_reference_model(events: list) -> None:
                     m.state[i] = BROKEN
                 elif m.state[i] in (IDLE, READY):
                     m.restarted.add(i)
+        elif kind == "in_turn":  # a lone inline worker's clean batch: only where every env is idle
+            if any(m.state[i] != IDLE for i in range(N)) or m.restarted:
+                continue
+            t.stepped_in_turn(np.zeros(N, bool), np.zeros(N, bool), 0.0)
+            assert t.settled
         elif kind == "lose":
             t.worker_lost(ids, crash(ids))
             m.lost.update(ids)
