@@ -32,7 +32,7 @@ from .spaces import get_row, put_row
 _SCHEDSTAT = "/proc/self/schedstat"
 
 CPU_SAMPLE = 8
-"""Whole steps per read of the CPU clock (:meth:`EnvHost.step_timed`) where steps are short: the controller
+"""Whole steps per read of the CPU clock (:meth:`EnvHost.step_clocked`) where steps are short: the controller
 sums CPU over intervals of thousands of them, so a sampled share of the wall time serves as well."""
 
 CPU_ALWAYS_S = 1e-3
@@ -175,13 +175,15 @@ class EnvHost:
         self._threads: ThreadPoolExecutor | None = None
         self.env_threads = 1
         self._cpu_clock = time.thread_time
-        self._timed, self._cpu_share, self._last_wall = 0, 1.0, 0.0  # step_timed's calls, its CPU / wall at the last sample
+        self._timed, self._cpu_share, self._last_wall = 0, 1.0, 0.0  # step_clocked's calls, its CPU / wall at the last sample
+        self._runq0 = 0.0  # the run-queue clock when the step being timed began
         self.set_threads(env_threads)
         # Flat spaces (one array per buffer) skip the generic row helpers on the hot path.
         flat_act = isinstance(views.actions, np.ndarray)
         self._scalar_actions = flat_act and views.actions.ndim == 1
         self._get_action = (_flat_action(views.actions) if flat_act else (lambda i: get_row(views.actions, i)))
         self._put_obs = views.obs.__setitem__ if isinstance(views.obs, np.ndarray) else (lambda i, o: put_row(views.obs, i, o))
+        self._flat_obs = isinstance(views.obs, np.ndarray)
 
     def set_threads(self, env_threads: int) -> None:
         """Step a command's envs on ``env_threads`` threads (for envs that wait with the GIL released).
@@ -239,7 +241,12 @@ class EnvHost:
         return self.step_timed(self.shard)
 
     def step_timed(self, ids: Any) -> tuple[P.Timing, list | None, list | None]:
-        """:meth:`step` and what it cost: ``(timing, infos or None, errors or None)``.
+        """:meth:`step` and what it cost: ``(timing, infos or None, errors or None)``; see :meth:`step_clocked`."""
+        cpu, wall, infos, errors = self.step_clocked(ids)
+        return P.Timing(cpu, wall, self._runq() - self._runq0 if self.measure_runq else 0.0), infos, errors
+
+    def step_clocked(self, ids: Any) -> tuple[float, float, list | None, list | None]:
+        """:meth:`step` and its CPU and wall time: ``(cpu_s, wall_s, infos or None, errors or None)``.
 
         The CPU clock is a system call (~1 us here, 1-2% of a batch of 8 CartPoles): for short steps it
         is read on one call in :data:`CPU_SAMPLE`, the others count CPU at the last sampled share of their
@@ -247,7 +254,8 @@ class EnvHost:
         sample = not self._timed % CPU_SAMPLE or self._last_wall > CPU_ALWAYS_S
         self._timed += 1
         c0 = self._cpu_clock() if sample else 0.0
-        r0 = self._runq() if self.measure_runq else 0.0
+        if self.measure_runq:
+            self._runq0 = self._runq()
         w0 = time.perf_counter()
         infos, errors = self.step(ids)
         wall = self._last_wall = time.perf_counter() - w0
@@ -256,7 +264,7 @@ class EnvHost:
             self._cpu_share = cpu / wall if wall > 0 else 1.0
         else:
             cpu = self._cpu_share * wall
-        return P.Timing(cpu, wall, self._runq() - r0 if self.measure_runq else 0.0), infos, errors
+        return cpu, wall, infos, errors
 
     def step(self, ids: Any) -> tuple[list | None, list | None]:
         """Step (or autoreset) each env in ``ids``: ``(infos aligned with ids or None, errors or None)``."""
@@ -271,13 +279,15 @@ class EnvHost:
                         infos = [None] * len(ids)
                     infos[k] = info
             return infos, errors
-        # step_one, inlined: this loop is the worker's whole hot path.
+        # step_one, inlined: this loop is the worker's whole hot path. Results are gathered in lists and written
+        # with one slice assignment per buffer where the envs are a contiguous run of rows (a shard, as placed).
         infos = errors = None
-        slots, v, get_action, put_obs = self.slots, self.views, self._get_action, self._put_obs
-        rewards, terms, truncs = v.rewards, v.terminations, v.truncations
+        slots, v = self.slots, self.views
         same_step, next_step, check = self.mode == AutoresetMode.SAME_STEP, self.mode == AutoresetMode.NEXT_STEP, self.check_obs
         scalar_actions = v.actions if self._scalar_actions else None  # Discrete: a numpy scalar, no copy needed
-        action = scalar_actions.__getitem__ if scalar_actions is not None else get_action
+        action = scalar_actions.__getitem__ if scalar_actions is not None else self._get_action
+        n = len(ids)
+        obs_out, rew_out, term_out, trunc_out = [None] * n, [0.0] * n, [False] * n, [False] * n
         for k, i in enumerate(ids):
             slot = slots[i]
             try:
@@ -299,18 +309,48 @@ class EnvHost:
                         slot.done = False
                 if check:
                     self._check(obs)
-                put_obs(i, obs)
             except Exception as exc:
                 errors = [*(errors or ()), _describe(i, exc)]
                 continue
-            rewards[i] = reward
-            terms[i] = term
-            truncs[i] = trunc
+            obs_out[k] = obs
+            rew_out[k] = reward
+            term_out[k] = term
+            trunc_out[k] = trunc
             if info:
                 if infos is None:
-                    infos = [None] * len(ids)
+                    infos = [None] * n
                 infos[k] = info
-        return infos, errors
+        if errors is None and n > 1 and ids is self.shard and ids[-1] - ids[0] == n - 1 and self._flat_obs:
+            rows = slice(ids[0], ids[-1] + 1)  # the shard is sorted: its ids ascend, here without a gap
+            try:
+                v.obs[rows] = obs_out
+            except Exception:
+                pass  # an observation that does not fit: row by row below, where it is attributed to its env
+            else:
+                v.rewards[rows] = rew_out
+                v.terminations[rows] = term_out
+                v.truncations[rows] = trunc_out
+                return infos, None
+        return infos, self._write_rows(ids, obs_out, rew_out, term_out, trunc_out, errors)
+
+    def _write_rows(self, ids: Any, obs_out: list, rew_out: list, term_out: list, trunc_out: list,
+                    errors: list | None) -> list | None:
+        """Write :meth:`step`'s results row by row, skipping envs that raised; an observation that does not fit
+        its row is that env's error. Returns the errors."""
+        v, put_obs = self.views, self._put_obs
+        failed = {e[0] for e in errors} if errors else ()
+        for k, i in enumerate(ids):
+            if i in failed:
+                continue
+            try:
+                put_obs(i, obs_out[k])
+            except Exception as exc:
+                errors = [*(errors or ()), _describe(i, exc)]
+                continue
+            v.rewards[i] = rew_out[k]
+            v.terminations[i] = term_out[k]
+            v.truncations[i] = trunc_out[k]
+        return errors
 
     def step_one(self, i: int) -> tuple[dict | None, P.ErrorInfo | None]:
         """Step (or autoreset) env ``i`` and write its row; rows are disjoint, so threads may share this."""

@@ -107,13 +107,13 @@ class InlineWorker(WorkerHandle):
     def step_now(self) -> tuple[list | None, list | None, float, float] | None:
         """Step the whole shard in the caller's turn, if this worker is idle and the shard fits one slice
         (the hot path: no queue, no slicing state): ``(infos, errors, cpu_s, wall_s)``; else None."""
-        host = self._host
-        if self._exited or self._queue or self._busy or self._scheduled or self._cost.per_env_s * len(host.shard) > SLICE_S:
+        host, cost = self._host, self._cost
+        n = len(host.shard)
+        if self._exited or self._queue or self._busy or self._scheduled or cost.per_env_s * n > SLICE_S:
             return None
-        timing, infos, errors = host.step_timed(host.shard)
-        wall = timing.wall_s
-        self._cost.add(wall, len(host.shard))
-        return infos, errors, timing.cpu_s, wall
+        cpu, wall, infos, errors = host.step_clocked(host.shard)
+        cost.add(wall, n)
+        return infos, errors, cpu, wall
 
     def _schedule(self) -> None:
         if not self._scheduled and not self._busy:
