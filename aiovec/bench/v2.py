@@ -3,9 +3,10 @@
 Per workload, every contender is built once, in one event loop (see :mod:`.contenders`):
 gymnasium SyncVectorEnv and AsyncVectorEnv, EnvPool (where it has the task), aiovec
 defaults, aiovec with the process backend forced (CartPole x8), and the floor at each
-worker count of its sweep. Then, per repeat and in this order (so drift hits every
-contender alike): one env's step time in-process (the limit), each contender's
-measurement, and the floor at aiovec's worker count when the sweep lacks it. aiovec's
+worker count of its sweep. Then, per repeat: one env's step time in-process (the limit),
+each contender's measurement (the two sides of each ratio next to each other, every other
+repeat in reverse order, so drift hits every contender alike), and the floor at aiovec's
+worker count when the sweep lacks it. aiovec's
 first measurement follows its warm-up (>= 2 s: the controller settles). Ratios are
 taken within a repeat (paired), then their median and min-max over repeats reported.
 Then the loop-hold, constructor-stall and idle-kill soak checks.
@@ -54,6 +55,7 @@ async def _build(w: Workload, counts: list[int], stack: contextlib.AsyncExitStac
         stack.push_async_callback(c.aclose)
         out.append(c)
 
+    # Built in this order (AsyncVectorEnv forks before any thread exists) ...
     await add(GymContender("gym_sync", w.env_id, w.n, w.kwargs))
     await add(GymContender("gym_async", w.env_id, w.n, w.kwargs))
     if w.checkpoint_peer:
@@ -65,7 +67,10 @@ async def _build(w: Workload, counts: list[int], stack: contextlib.AsyncExitStac
         await add(AiovecContender("aiovec_process", w.env_id, w.n, w.kwargs, **aiovec_options.process_forced()).start())
     for c in counts:
         await add(FloorContender(w.env_id, w.n, w.kwargs, c).start())
-    return out
+    # ... and measured in this one: each ratio's two sides next to each other (aiovec between SyncVectorEnv and
+    # SyncVectorEnv plus a loop turn; the forced process backend next to the 1-worker floor).
+    order = ["gym_sync", "aiovec", "gym_sync_checkpoint", "envpool", "gym_async", "aiovec_process", "floor_1"]
+    return sorted(out, key=lambda c: order.index(c.name) if c.name in order else len(order))
 
 
 async def _run_workload(w: Workload, repeats: int, duration: float, warmup: float, log: Callable[[str], None]) -> dict[str, Any]:
@@ -86,7 +91,9 @@ async def _run_workload(w: Workload, repeats: int, duration: float, warmup: floa
             lim, limit_how = limits.limit(w.n, t)
             limit_v.append(lim)
             step_s.append(t.wall_s)
-            for c in contenders:
+            # ABBA: every other repeat in reverse, so a drift of the host's speed over a repeat (this project's VMs
+            # drift by tens of percent within seconds) biases no contender against its neighbour in the median
+            for c in contenders if r % 2 == 0 else contenders[::-1]:
                 # aiovec's defaults are measured after the controller's warm-up, once; the others need only a short one
                 first_aiovec = r == 0 and c.name.startswith("aiovec")
                 rates.setdefault(c.name, []).append(await c.measure(duration, warmup if first_aiovec else 0.2))
