@@ -4,7 +4,8 @@ A configuration is ``(placement, processes, threads per process)``. Each control
 controller records the measured steps/s of the configuration that ran, and:
 
 1. **Checks the last change.** After a move it measures the new configuration for ``confirm``
-   intervals (no single interval decides) and compares their median with what the configuration
+   intervals (no single interval decides; one more where they lie over ``spread`` apart) and
+   compares their median with what the configuration
    it left measured just before, under the same env cost. Worse by more than ``revert``: it moves
    back and remembers the loser for ``memory`` intervals, doubled at each repeated loss
    (hysteresis), forgotten when the env's cost changes (decay: a changed env is re-explored).
@@ -110,12 +111,14 @@ class MeasuredController:
         explore: float = 0.08,
         max_settling_skips: int = 4,
         cost_change: float = 1.5,
+        spread: float = 0.3,
     ) -> None:
         if min_workers < 1 or (max_workers is not None and max_workers < min_workers):
             raise ValueError(f"need 1 <= min_workers <= max_workers, got {min_workers}, {max_workers}")
         self.min_workers, self.max_workers, self.max_threads = min_workers, max_workers, max_threads
         self.min_demand, self.confirm, self.gain, self.revert, self.prefer = min_demand, confirm, gain, revert, prefer
         self.memory, self.probes, self.max_settling_skips, self.cost_change = memory, probes, max_settling_skips, cost_change
+        self.spread = spread  # intervals of one visit further apart than this (max / min - 1) call for more
         self.explore = explore  # bonus of an unmeasured neighbour where envs wait: measured, not only predicted
         self.records: dict[Config, _Record] = {}
         self.costs: Costs | None = None  # smoothed, at the current configuration
@@ -163,6 +166,9 @@ class MeasuredController:
         rec.seen = self._i
         if len(self._visit) < self.confirm and not self._decide_now:
             return self._hold(cur, f"{regime}measuring {cur.label}: {x:,.0f} steps/s ({len(self._visit)}/{self.confirm})")
+        if not self._decide_now and self._disagree():
+            return self._hold(cur, f"{regime}measuring {cur.label} again: {x:,.0f} steps/s, intervals "
+                                   f"{max(self._visit) / min(self._visit) - 1:.0%} apart")
         self._decide_now = False
         here = statistics.median(self._visit[-6:])
         if self._base is not None:
@@ -182,6 +188,13 @@ class MeasuredController:
                 self._base = None  # going back is not itself on trial
                 return d
         return self._choose(cur, here, costs, m, regime)
+
+    def _disagree(self) -> bool:
+        """Whether this visit's intervals lie too far apart to decide on yet (a host busy for a moment, a slow
+        start): then :data:`EXTRA_SAMPLES` more are measured and the median of all decides, so one bad interval
+        of two neither sends a good setting away nor keeps a bad one."""
+        v = self._visit
+        return len(v) < self.confirm + EXTRA_SAMPLES and min(v) > 0 and max(v) / min(v) > 1 + self.spread
 
     def _track(self, cur: Config, x: float, costs: Costs) -> str:
         """Follow the env's cost at an unchanged configuration; a jump held two intervals is a new regime.
@@ -355,6 +368,10 @@ class MeasuredController:
     def _hold(self, cur: Config, why: str, measured: bool = True) -> Decision:
         return Decision(cur.processes, why, measured=measured, threads=cur.threads, placement=cur.placement)
 
+
+EXTRA_SAMPLES = 1
+"""Intervals a visit adds to ``confirm`` where its intervals disagree (see ``MeasuredController._disagree``): with
+three, the median no longer counts one bad interval at all."""
 
 RUNG_LOOK_BATCH_S = 200e-6
 """Up to this much env CPU a batch moves off this process in hybrid (``n * t * (1 - 1/cpus)``), inline and hybrid

@@ -89,6 +89,28 @@ def test_one_noisy_interval_moves_nothing() -> None:
 
 
 
+def test_intervals_that_disagree_are_measured_again_and_their_median_decides() -> None:
+    """Two intervals of a visit 2x apart (the host busy for a moment; a slow start): a third is measured before
+    anything is decided, and the median of the three decides, so the bad one does not count as half."""
+    env = {"n": 16, "t_cpu": 100e-6, "t_wait": 2e-3}
+    c = Config("process", 4, 4)
+    good = predict(c, Costs(100e-6, 2e-3, 20e-6), 16, 2)
+    ctrl = MeasuredController()
+    reasons = [ctrl.decide(interval(c, rate=x, **env)).reason for x in (good, good, 0.5 * good)]
+    assert reasons[0].startswith("warming up") and reasons[1].startswith("measuring")
+    assert "again" in reasons[2] and "100% apart" in reasons[2], reasons
+    d = ctrl.decide(interval(c, rate=good, **env))  # a third interval: the median is the good figure
+    assert "again" not in d.reason and f"{int(good):,}" in d.reason, d.reason
+    # Intervals that agree decide after ``confirm`` (2), as before.
+    ctrl = MeasuredController()
+    reasons = [ctrl.decide(interval(c, rate=x, **env)).reason for x in (good, good, 0.9 * good)]
+    assert "again" not in reasons[2], reasons
+    # One more only: intervals that keep disagreeing decide on the median of three.
+    ctrl = MeasuredController()
+    reasons = [ctrl.decide(interval(c, rate=x, **env)).reason for x in (good, good, 0.5 * good, 2 * good)]
+    assert ["again" in r for r in reasons[2:]] == [True, False], reasons
+
+
 def test_after_a_change_of_cost_threads_move_first_and_it_readapts_within_six_intervals() -> None:
     ctrl = MeasuredController()
     c = follow(ctrl, Config("process", 2, 1), 15, n=24, t_cpu=1e-3, t_wait=0.0)[-1]
