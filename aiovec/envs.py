@@ -133,7 +133,7 @@ class PhaseChangeEnv(CostEnv):
         return cpu_ms, wait_ms
 
 
-FAULTS = ("raise", "exit", "sigkill", "segfault", "hang")
+FAULTS = ("raise", "exit", "sigkill", "segfault", "hang", "bad_obs")
 
 
 class FaultEnv(CostEnv):
@@ -141,7 +141,8 @@ class FaultEnv(CostEnv):
 
     ``fault`` is one of ``raise`` (exception in ``step``), ``exit`` (``os._exit(3)``),
     ``sigkill`` (kills its own process), ``segfault`` (a real one, through ctypes) or
-    ``hang`` (sleeps ``hang_s``). Use it to test your own pipeline's failure handling.
+    ``hang`` (sleeps ``hang_s``) or ``bad_obs`` (an observation one element longer than the space: the
+    vector env cannot store it). Use it to test your own pipeline's failure handling.
     With ``tag`` set, ``obs[0]`` is the tag and ``obs[1]`` the step within the episode,
     so a consumer can check that every transition is attributed to the right env.
     """
@@ -167,9 +168,12 @@ class FaultEnv(CostEnv):
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         self._total += 1
-        if (self.at_step is not None and self._total == self.at_step) or (self.rate > 0 and self.np_random.random() < self.rate):
+        fault = (self.at_step is not None and self._total == self.at_step) or (self.rate > 0 and self.np_random.random() < self.rate)
+        if fault and self.fault != "bad_obs":
             self.inject()
         obs, reward, term, trunc, info = super().step(action)
+        if fault:
+            obs = np.append(obs, obs[:1])
         return self._tagged(obs), reward, term, trunc, info
 
     def inject(self) -> None:

@@ -5,8 +5,9 @@ controller records the measured steps/s of the configuration that ran, and:
 
 1. **Checks the last change.** After a move it measures the new configuration for ``confirm``
    intervals (no single interval decides; one more where they lie over ``spread`` apart) and
-   compares their median with what the configuration
-   it left measured just before, under the same env cost. Worse by more than ``revert``: it moves
+   compares their median with what the configuration it left measured just before, under the same env
+   cost. A move to fewer resources that measured worse by more than ``revert``, or one to more that did
+   not measure better by ``prefer`` and by its intervals' scatter (at most :data:`MAX_SCATTER`): it moves
    back and remembers the loser for ``memory`` intervals, doubled at each repeated loss
    (hysteresis), forgotten when the env's cost changes (decay: a changed env is re-explored).
 2. **Ranks the candidates.** Lock-step aware: only process counts that shorten the critical path
@@ -174,8 +175,12 @@ class MeasuredController:
         if self._base is not None:
             base, before = self._base
             self._base = None
-            # A change to more processes or threads must pay for itself; one to fewer must only not cost.
-            floor = before * (1 + self.prefer) if _resources(cur) > _resources(base) else before * (1 - self.revert)
+            # A change to more processes or threads must pay for itself, by more than its intervals scatter (a 3%
+            # gain inside 10% of noise is noise); one to fewer must only not cost.
+            if _resources(cur) > _resources(base):
+                floor = before * (1 + max(self.prefer, min(MAX_SCATTER, _scatter(self._visit[-6:]))))
+            else:
+                floor = before * (1 - self.revert)
             if here >= floor and _resources(cur) > _resources(base):
                 self._explored_processes = False  # a costlier move paid for itself: keep climbing
             if here < floor and base in self._allowed(m):
@@ -367,6 +372,18 @@ class MeasuredController:
 
     def _hold(self, cur: Config, why: str, measured: bool = True) -> Decision:
         return Decision(cur.processes, why, measured=measured, threads=cur.threads, placement=cur.placement)
+
+
+MAX_SCATTER = 0.15
+"""The most a costlier move's intervals' scatter raises the gain it must show (see :func:`_scatter`)."""
+
+
+def _scatter(xs: list[float]) -> float:
+    """How far a visit's intervals lie apart, relative to their median: ``(max - min) / median`` (0 for one)."""
+    if len(xs) < 2:
+        return 0.0
+    mid = statistics.median(xs)
+    return (max(xs) - min(xs)) / mid if mid > 0 else 0.0
 
 
 EXTRA_SAMPLES = 1

@@ -111,6 +111,29 @@ def test_intervals_that_disagree_are_measured_again_and_their_median_decides() -
     assert ["again" in r for r in reasons[2:]] == [True, False], reasons
 
 
+def test_a_costlier_move_must_gain_more_than_its_intervals_scatter() -> None:
+    """More processes must pay for themselves: a 4% gain from intervals that lie 12% apart is noise, and the
+    controller moves back to fewer processes; the same 4% from agreeing intervals stands."""
+    env = {"n": 16, "t_cpu": 100e-6, "t_wait": 2e-3}
+    start = Config("process", 4, 4)
+    rate = predict(start, Costs(100e-6, 2e-3, 20e-6), 16, 2)
+
+    def run(b_rates: list[float]) -> list[Decision]:
+        ctrl, c = MeasuredController(), start
+        for _ in range(8):  # at the start until the model proposes a costlier neighbour
+            d = ctrl.decide(interval(c, rate=rate, **env))
+            if d.target != c.processes:
+                break
+        moved = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+        assert moved.processes > start.processes, [d.reason]
+        return [ctrl.decide(interval(moved, rate=x, **env)) for x in [rate, *b_rates]]  # a warm-up, then the visit
+
+    noisy = run([1.04 * rate * 1.06, 1.04 * rate * 0.94])
+    assert noisy[-1].target == start.processes and "revert" in noisy[-1].reason, [d.reason for d in noisy]
+    steady = run([1.04 * rate, 1.04 * rate])
+    assert all("revert" not in d.reason for d in steady), [d.reason for d in steady]
+
+
 def test_after_a_change_of_cost_threads_move_first_and_it_readapts_within_six_intervals() -> None:
     ctrl = MeasuredController()
     c = follow(ctrl, Config("process", 2, 1), 15, n=24, t_cpu=1e-3, t_wait=0.0)[-1]

@@ -119,6 +119,45 @@ def test_env_exception_is_relayed_and_the_worker_survives(run, clean) -> None:
     assert_clean(clean)
 
 
+@pytest.mark.parametrize("placement", ["inline", "process"])
+def test_an_observation_that_does_not_fit_is_that_envs_error(run, clean, placement: str) -> None:
+    """Every env on one worker, stepped as a whole shard (its rows written at once): an observation of the wrong
+    shape is an EnvError of its own env, the other envs' results of that step are delivered, and after a reset
+    of that env everything steps on like the references."""
+
+    async def main() -> None:
+        refs = [RefEnv(healthy(), i) for i in range(N)]
+        async with AsyncVecEnv(fault_fns("bad_obs"), num_workers=1, placement=placement) as venv:
+            await wait(venv.reset(seed=0))
+            acts = np.array([1, 0, 1])
+            for _ in range(2):
+                obs, *_ = await wait(venv.step(acts))
+                for i in range(N):
+                    assert_tree_equal(obs[i], refs[i].step(acts[i])[0], f"env {i}")
+            with pytest.raises(EnvError) as info:
+                await wait(venv.step(acts))
+            assert info.value.env_id == FAULT_ENV and info.value.exc_type == "ValueError", info.value
+            got = {i: res.obs[k] for res in await wait(venv.drain()) for k, i in enumerate(res.env_ids.tolist())}
+            assert sorted(got) == [0, 2]
+            for i in (0, 2):
+                assert_tree_equal(got[i], refs[i].step(acts[i])[0], f"env {i}")
+            mask = np.zeros(N, dtype=bool)
+            mask[FAULT_ENV] = True
+            await wait(venv.reset(seed=70, options={"reset_mask": mask}))
+            refs[FAULT_ENV].reset(seed=70 + FAULT_ENV)
+            for t in range(3):
+                obs, rew, *_ = await wait(venv.step(acts))
+                for i in range(N):
+                    want = refs[i].step(acts[i])
+                    assert_tree_equal(obs[i], want[0], f"after recovery: step {t} env {i}")
+                    assert rew[i] == want[1]
+        for ref in refs:
+            ref.close()
+
+    run(main())
+    assert_clean(clean)
+
+
 def test_env_exception_through_send_recv_is_raised_once(run, clean) -> None:
     async def main() -> None:
         async with AsyncVecEnv(fault_fns("raise", at_step=1), num_workers=2) as venv:
