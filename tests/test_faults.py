@@ -63,6 +63,20 @@ def worker_pids(venv: AsyncVecEnv) -> list[int]:
     return sorted(w["pid"] for w in venv.stats()["workers"])
 
 
+async def reset_broken_env_and_step_like_refs(venv: AsyncVecEnv, refs: list, acts: np.ndarray, steps: int) -> None:
+    """Reset env ``FAULT_ENV`` alone (seed 70) and step every env ``steps`` times, each exactly like its reference."""
+    mask = np.zeros(N, dtype=bool)
+    mask[FAULT_ENV] = True
+    obs, _ = await wait(venv.reset(seed=70, options={"reset_mask": mask}))
+    assert_tree_equal(obs[FAULT_ENV], refs[FAULT_ENV].reset(seed=70 + FAULT_ENV)[0])
+    for t in range(steps):
+        obs, rew, *_ = await wait(venv.step(acts))
+        for i in range(N):
+            want = refs[i].step(acts[i])
+            assert_tree_equal(obs[i], want[0], f"after recovery: step {t} env {i}")
+            assert rew[i] == want[1]
+
+
 # -- an exception inside an env ------------------------------------------------------------------
 def test_env_exception_is_relayed_and_the_worker_survives(run, clean) -> None:
     async def main() -> None:
@@ -100,17 +114,8 @@ def test_env_exception_is_relayed_and_the_worker_survives(run, clean) -> None:
             res = await wait(venv.recv(2))
             for k, i in enumerate(res.env_ids.tolist()):
                 assert_tree_equal(res.obs[k], refs[i].step(acts[i])[0], f"env {i}")
-            mask = np.zeros(N, dtype=bool)
-            mask[FAULT_ENV] = True
-            obs, _ = await wait(venv.reset(seed=70, options={"reset_mask": mask}))
-            assert_tree_equal(obs[FAULT_ENV], refs[FAULT_ENV].reset(seed=70 + FAULT_ENV)[0])
             # ...and everything continues in lock-step, exactly like the references.
-            for t in range(4):
-                obs, rew, *_ = await wait(venv.step(acts))
-                for i in range(N):
-                    want = refs[i].step(acts[i])
-                    assert_tree_equal(obs[i], want[0], f"after recovery: step {t} env {i}")
-                    assert rew[i] == want[1]
+            await reset_broken_env_and_step_like_refs(venv, refs, acts, 4)
             assert worker_pids(venv) == pids
         for ref in refs:
             ref.close()
@@ -141,16 +146,7 @@ def test_an_observation_that_does_not_fit_is_that_envs_error(run, clean, placeme
             assert sorted(got) == [0, 2]
             for i in (0, 2):
                 assert_tree_equal(got[i], refs[i].step(acts[i])[0], f"env {i}")
-            mask = np.zeros(N, dtype=bool)
-            mask[FAULT_ENV] = True
-            await wait(venv.reset(seed=70, options={"reset_mask": mask}))
-            refs[FAULT_ENV].reset(seed=70 + FAULT_ENV)
-            for t in range(3):
-                obs, rew, *_ = await wait(venv.step(acts))
-                for i in range(N):
-                    want = refs[i].step(acts[i])
-                    assert_tree_equal(obs[i], want[0], f"after recovery: step {t} env {i}")
-                    assert rew[i] == want[1]
+            await reset_broken_env_and_step_like_refs(venv, refs, acts, 3)
         for ref in refs:
             ref.close()
 
