@@ -289,22 +289,28 @@ class MeasuredController:
             if rec is not None and rec.banned_until > self._i and c != cur:
                 continue
             fresh = rec is not None and rec.samples and self._i - rec.seen <= self.memory
+            # (score, the model's own figure without the exploration bonus, measured, configuration)
             if c == cur:
-                scored.append((here, True, c))
+                scored.append((here, here, True, c))
             elif fresh:
-                scored.append((rec.median, True, c))  # type: ignore[union-attr]
+                scored.append((rec.median, rec.median, True, c))  # type: ignore[union-attr]
             elif self._probes_left > 0 or force:
                 bonus = 1 + self.explore if c in explore else 1.0
-                score = bonus * cal * predict(c, costs, m.num_envs, m.cpus, lockstep, command_cost(m.pace_s))
-                scored.append((max(score, here * (1 + self.gain)) if c == rung else score, False, c))
+                raw = cal * predict(c, costs, m.num_envs, m.cpus, lockstep, command_cost(m.pace_s))
+                scored.append((max(bonus * raw, here * (1 + self.gain)) if c == rung else bonus * raw, raw, False, c))
         if not scored:
             return None
-        top = max(s for s, _, _ in scored)
-        near = [t for t in scored if t[0] >= top * (1 - self.prefer)]
+        top, top_raw, top_measured, top_c = max(scored, key=lambda t: t[0])
+        # Near ties: within ``prefer`` of the top; and where the top is a prediction, every cheaper prediction the
+        # model cannot tell from it (its own figures within ``prefer``: an exploration bonus does not make one better).
+        near = [t for t in scored if t[0] >= top * (1 - self.prefer)
+                or (not top_measured and not t[2] and t[1] >= top_raw * (1 - self.prefer) and _resources(t[3]) < _resources(top_c))]
         # Among near ties: even shards first in lock-step (see configs.uneven), then the fewest resources.
-        score, measured, best = min(near, key=lambda t: (lockstep and uneven(t[2], m.num_envs), _resources(t[2]), -t[0]))
+        score, _, measured, best = min(near, key=lambda t: (lockstep and uneven(t[3], m.num_envs), _resources(t[3]), -t[0]))
         if best == cur:
             return None
+        if not measured and not top_measured:
+            score = max(score, top)  # the model's promise is the top's: the cheapest of what it cannot tell apart is measured
         if _resources(best) < _resources(cur) and measured:
             need = here * (1 - self.prefer)  # fewer resources: a measured near-tie will do
         else:  # a prediction must promise a gain: every move costs intervals (and process moves, episodes)

@@ -134,6 +134,17 @@ def test_a_costlier_move_must_gain_more_than_its_intervals_scatter() -> None:
     assert all("revert" not in d.reason for d in steady), [d.reason for d in steady]
 
 
+@pytest.mark.parametrize("pace_s", [8e-6, 0.0])
+def test_a_probe_goes_to_the_cheapest_configuration_the_model_cannot_tell_from_its_top(pace_s: float) -> None:
+    """64 envs waiting 6 ms, from 16p x 4t: the model rates 7-22 processes within ~4% of each other, and the
+    exploration bonus put its neighbour 13p x 5t on top; measured on this VM, 8p x 8t ran ~10% faster than
+    13p x 5t. The probe now goes to the cheapest of the predictions within ``prefer`` of the top's own figure."""
+    trace = follow(MeasuredController(), Config("process", 16, 4), 12, n=64, t_cpu=0.12e-3, t_wait=6e-3, pace_s=pace_s)
+    first = next(c for c in trace if c != Config("process", 16, 4))
+    assert first.processes <= 10 and first.concurrency >= 64, [c.label for c in trace]
+    assert all(c.processes <= 16 for c in trace), [c.label for c in trace]
+
+
 def test_after_a_change_of_cost_threads_move_first_and_it_readapts_within_six_intervals() -> None:
     ctrl = MeasuredController()
     c = follow(ctrl, Config("process", 2, 1), 15, n=24, t_cpu=1e-3, t_wait=0.0)[-1]
