@@ -15,7 +15,8 @@ controller records the measured steps/s of the configuration that ran, and:
    (:func:`~aiovec.configs.efficient_threads`), plus the inline rung where allowed. A candidate
    measured recently scores its measured median; one not measured scores the model's prediction
    (:func:`~aiovec.costmodel.predict`) scaled by how far the model was off at the current one.
-   Near-ties (``prefer``) go to fewer processes, then fewer threads.
+   Near-ties (``prefer``) go to fewer processes, then fewer threads; among predictions, a tie is judged on the
+   model's own figures, so an exploration bonus never makes a costlier configuration the one probed.
 3. **Moves** when the best candidate beats the current measurement by ``gain``; moves to
    configurations never measured are probes, limited to ``probes`` per env regime.
 
