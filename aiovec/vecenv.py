@@ -609,14 +609,11 @@ class AsyncVecEnv:
         """Check ``actions`` for ``ids`` (None: every env) and write them to the action buffer; raises
         before anything is sent (``InvalidActionError``, ``EnvStateError``)."""
         if ids is None:
+            rows: Any = slice(None)
             acts = self._check_actions(actions, self.num_envs)
             table = self._table
             if not table.settled and np.count_nonzero(table.state):  # all idle (IDLE is 0) needs no further look
-                self._require(slice(None), (IDLE,), "send to")
-            if self._flat_actions and not self._disabled:  # the hot path of step()
-                self._views.actions[:] = acts
-                return
-            rows: Any = slice(None)
+                self._require(rows, (IDLE,), "send to")
         else:
             rows = ids
             acts = self._check_actions(actions, len(ids))

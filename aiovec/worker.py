@@ -176,7 +176,6 @@ class EnvHost:
         self.env_threads = 1
         self._cpu_clock = time.thread_time
         self._timed, self._cpu_share, self._last_wall = 0, 1.0, 0.0  # step_clocked's calls, its CPU / wall at the last sample
-        self._runq0 = 0.0  # the run-queue clock when the step being timed began
         self.set_threads(env_threads)
         # Flat spaces (one array per buffer) skip the generic row helpers on the hot path.
         flat_act = isinstance(views.actions, np.ndarray)
@@ -242,8 +241,9 @@ class EnvHost:
 
     def step_timed(self, ids: Any) -> tuple[P.Timing, list | None, list | None]:
         """:meth:`step` and what it cost: ``(timing, infos or None, errors or None)``; see :meth:`step_clocked`."""
+        r0 = self._runq() if self.measure_runq else 0.0
         cpu, wall, infos, errors = self.step_clocked(ids)
-        return P.Timing(cpu, wall, self._runq() - self._runq0 if self.measure_runq else 0.0), infos, errors
+        return P.Timing(cpu, wall, self._runq() - r0 if self.measure_runq else 0.0), infos, errors
 
     def step_clocked(self, ids: Any) -> tuple[float, float, list | None, list | None]:
         """:meth:`step` and its CPU and wall time: ``(cpu_s, wall_s, infos or None, errors or None)``.
@@ -254,8 +254,6 @@ class EnvHost:
         sample = not self._timed % CPU_SAMPLE or self._last_wall > CPU_ALWAYS_S
         self._timed += 1
         c0 = self._cpu_clock() if sample else 0.0
-        if self.measure_runq:
-            self._runq0 = self._runq()
         w0 = time.perf_counter()
         infos, errors = self.step(ids)
         wall = self._last_wall = time.perf_counter() - w0
