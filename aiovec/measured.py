@@ -353,7 +353,8 @@ class MeasuredController:
             if m.lockstep is False:  # first-finished: no critical path; even shards, doubling (each a measurable step)
                 every = [p for p in every if n % p == 0 or p & (p - 1) == 0]
             counts = [p for p in every if p >= self.min_workers] or [self.min_workers]
-        fits = self.costs is None or inline_fits(self.costs) or m.fixed_placement  # the user's choice stands
+        staying = m.placement in ("inline", "hybrid")
+        fits = self.costs is None or inline_fits(self.costs, staying) or m.fixed_placement  # the user's choice stands
         here = m.inline_ok and fits and not m.fixed_workers and not m.fixed_threads
         keep = m.placement if m.fixed_placement else None
         out = [Config.inline()] if here and keep in (None, "inline") else []
@@ -402,9 +403,26 @@ RUNG_LOOK_BATCH_S = 200e-6
 are both measured (see ``MeasuredController._other_rung``): about four round trips to a worker."""
 
 
-def inline_fits(costs: Costs) -> bool:
-    """Whether envs of this cost may step in this process: short steps (the loop-hold limit), mostly CPU."""
-    return costs.cpu_s + costs.wait_s <= INLINE_MAX_STEP_S and costs.waiting_share <= 0.5
+INLINE_ENTER_S = 1.3 * INLINE_MAX_STEP_S
+"""The most a step *measured while the envs run* may cost for the controller to move them into this process.
+Such a step costs more than the probe's (one env alone, ``INLINE_MAX_STEP_S``): other envs' state evicts its
+caches and a busy sibling CPU slows it. ALE/Pong-v5 on 2 CPUs: 0.35 ms probed; 0.45-0.5 ms measured with 4 of 8
+envs in this process (hybrid), 0.55-0.62 ms in 2 worker processes. Stepped hybrid, one env per turn of the loop,
+the turns of a task beside it had a p99 gap of 0.55 ms."""
+
+INLINE_LEAVE_S = 1.6 * INLINE_MAX_STEP_S
+"""Above this measured step cost envs leave this process at once. The band above ``INLINE_ENTER_S`` keeps a
+step cost that scatters around one limit (Pong on a noisy host: 0.45-0.62 ms) from moving the envs out and in
+on single intervals; a turn of the loop stays well inside the 1 ms p99 the loop-hold benchmark allows."""
+
+
+def inline_fits(costs: Costs, staying: bool = False) -> bool:
+    """Whether envs of this cost may step in this process: short steps (the loop-hold limit), mostly CPU.
+
+    ``staying``: the envs already step here (inline or hybrid), so the higher ``INLINE_LEAVE_S`` applies.
+    """
+    limit = INLINE_LEAVE_S if staying else INLINE_ENTER_S
+    return costs.cpu_s + costs.wait_s <= limit and costs.waiting_share <= 0.5
 
 
 def plan_start(num_envs: int, cpu_s: float, wall_s: float, cpus: float, workers: int, max_threads: int = 32) -> tuple[int, int]:

@@ -22,7 +22,7 @@ import aiovec
 from aiovec import Decision, MeasuredController, Measurement
 from aiovec.configs import Config, efficient_counts
 from aiovec.costmodel import Costs, predict
-from aiovec.measured import config_of
+from aiovec.measured import INLINE_ENTER_S, INLINE_LEAVE_S, config_of, inline_fits
 
 
 def interval(c: Config, n: int, t_cpu: float, t_wait: float, rate: float | None = None, cpus: float = 2, **extra) -> Measurement:
@@ -248,6 +248,18 @@ def test_a_command_to_a_worker_is_priced_at_the_hosts_pace() -> None:
     assert Config.hybrid(2) in fast, [c.label for c in fast]
     unknown = follow(MeasuredController(), Config.inline(), 12, **env)  # no pace (a v1 trace): the fixed figure
     assert Config.hybrid(2) in unknown, [c.label for c in unknown]
+
+
+def test_a_step_cost_near_the_loop_hold_limit_does_not_flip_the_placement() -> None:
+    """A step measured between the enter and leave limits (Pong on a noisy 2-CPU host: 0.45-0.62 ms) keeps the
+    envs where they step: hybrid stays hybrid, and processes are not left for it; above the leave limit the envs go once it is measured."""
+    band = 0.5 * (INLINE_ENTER_S + INLINE_LEAVE_S)
+    env = {"n": 8, "t_wait": 0.0, "inline_ok": True}
+    stay = follow(MeasuredController(), Config.hybrid(2), 12, t_cpu=band, **env)
+    assert set(stay) == {Config.hybrid(2)}, [c.label for c in stay]
+    assert inline_fits(Costs(band, 0.0, 0.0), staying=True) and not inline_fits(Costs(band, 0.0, 0.0))
+    leave = follow(MeasuredController(), Config.hybrid(2), 12, t_cpu=1.1 * INLINE_LEAVE_S, **env)
+    assert {c.placement for c in leave[2:]} == {"process"}, [c.label for c in leave]  # once its cost is measured
 
 
 def test_a_placement_the_user_chose_stays() -> None:
