@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .autoconf import INLINE_MAX_STEP_S  # noqa: F401  (re-exported for the controller)
 from .configs import Config, largest_shard
 
 COMMAND_S = 40e-6
@@ -136,8 +135,9 @@ def wait_from_command(command: float, shard: int, threads: int, cpu_s: float, ru
     return max(0.0, min(mine / rounds - cpu_s, mine - shard * cpu_s))
 
 
-# Envs whose step (CPU plus waiting) takes longer than INLINE_MAX_STEP_S never run inline: a slice of the
-# in-process rung holds the event loop for at least one env step. The same limit as auto placement's.
+# Envs whose step (CPU plus waiting) takes longer than INLINE_ENTER_S never run inline (INLINE_LEAVE_S once
+# they do): a slice of the in-process rung holds the event loop for at least one env step. The same limits as
+# auto placement's.
 # Envs that mostly wait never run inline either (they would hold the loop).
 
 

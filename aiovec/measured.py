@@ -34,9 +34,10 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from .autoconf import INLINE_ENTER_S, INLINE_LEAVE_S
 from .configs import Config, efficient_counts, efficient_threads, largest_shard, uneven
 from .controller import Decision, Measurement
-from .costmodel import INLINE_MAX_STEP_S, Costs, command_cost, costs_from, predict, wait_from_command
+from .costmodel import Costs, command_cost, costs_from, predict, wait_from_command
 
 
 @dataclass
@@ -401,19 +402,6 @@ three, the median no longer counts one bad interval at all."""
 RUNG_LOOK_BATCH_S = 200e-6
 """Up to this much env CPU a batch moves off this process in hybrid (``n * t * (1 - 1/cpus)``), inline and hybrid
 are both measured (see ``MeasuredController._other_rung``): about four round trips to a worker."""
-
-
-INLINE_ENTER_S = 1.3 * INLINE_MAX_STEP_S
-"""The most a step *measured while the envs run* may cost for the controller to move them into this process.
-Such a step costs more than the probe's (one env alone, ``INLINE_MAX_STEP_S``): other envs' state evicts its
-caches and a busy sibling CPU slows it. ALE/Pong-v5 on 2 CPUs: 0.35 ms probed; 0.45-0.5 ms measured with 4 of 8
-envs in this process (hybrid), 0.55-0.62 ms in 2 worker processes. Stepped hybrid, one env per turn of the loop,
-the turns of a task beside it had a p99 gap of 0.55 ms."""
-
-INLINE_LEAVE_S = 1.6 * INLINE_MAX_STEP_S
-"""Above this measured step cost envs leave this process at once. The band above ``INLINE_ENTER_S`` keeps a
-step cost that scatters around one limit (Pong on a noisy host: 0.45-0.62 ms) from moving the envs out and in
-on single intervals; a turn of the loop stays well inside the 1 ms p99 the loop-hold benchmark allows."""
 
 
 def inline_fits(costs: Costs, staying: bool = False) -> bool:

@@ -47,6 +47,9 @@ def test_placement_rule() -> None:
     assert choose_placement(64, StepCost(cpu_s=20e-6, wall_s=2e-3), 2, 1e-3) == "process"  # mostly waiting
     assert choose_placement(64, cheap, 2, 1.0) == "process"  # slow to build
     assert choose_placement(8, StepCost(cpu_s=1e-3, wall_s=1e-3), 2, 1e-3) == "process"  # one step would hold the loop 1 ms
+    pong_slow_phase = StepCost(cpu_s=0.52e-3, wall_s=0.52e-3)  # Pong (0.35 ms) probed in a slow phase of the host
+    assert choose_placement(8, pong_slow_phase, 2, 0.1) == "hybrid"
+    assert choose_placement(8, StepCost(cpu_s=0.7e-3, wall_s=0.7e-3), 2, 0.1) == "process"  # above the entry limit
 
 
 def test_the_round_trip_is_weighed_in_the_hosts_pace() -> None:
