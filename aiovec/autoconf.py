@@ -25,11 +25,14 @@ which the command after a 200 us policy pass always missed."""
 
 @dataclass(frozen=True)
 class StepCost:
-    """What one step of env 0 cost in the probe; ``pace_s``: this host's :func:`python_pace` then (None: unknown)."""
+    """What one step of env 0 cost in the probe (typical: the lower quartile); ``pace_s``: this host's
+    :func:`python_pace` then (None: unknown); ``mean_wall_s``: the mean step after the first quarter of the
+    probe (its cold start), where a tail of slow steps shows (None: not measured)."""
 
     cpu_s: float
     wall_s: float
     pace_s: float | None = None
+    mean_wall_s: float | None = None
 
     @property
     def waiting_share(self) -> float:
@@ -57,7 +60,10 @@ def probe_step_cost(env: Any, max_steps: int = 40, max_s: float = 0.05) -> StepC
             wall.append(time.perf_counter() - w0)
             if term or trunc:
                 env.reset()
-        return StepCost(_lower_quartile(cpu), _lower_quartile(wall), python_pace()) if wall else None
+        if not wall:
+            return None
+        warm = wall[len(wall) // 4 :]
+        return StepCost(_lower_quartile(cpu), _lower_quartile(wall), python_pace(), sum(warm) / len(warm))
     except Exception:
         return None
 
@@ -175,9 +181,12 @@ def choose_placement(num_envs: int, cost: StepCost | None, cpus: int, build_s: f
     hybrid beyond. Processes alone leave this process idle while ``w`` workers share the
     CPUs with it, so they lose to hybrid for envs that compute; they win for envs that mostly
     wait (sleeps, I/O: overlapped on many processes and threads), for envs slow to build, and for
-    envs whose one step would hold the event loop too long (``INLINE_ENTER_S``).
+    envs whose one step would hold the event loop too long (``INLINE_ENTER_S``), typically or on average
+    (a tail of slow steps: the controller, which sees the mean, would soon move them out).
     """
     if cost is None or cost.waiting_share > 0.5 or build_s > INLINE_MAX_BUILD_S or cost.wall_s > INLINE_ENTER_S:
+        return "process"
+    if cost.mean_wall_s is not None and cost.mean_wall_s > INLINE_ENTER_S:  # typical steps are short, some are long
         return "process"
     w = max(1, min(cpus, num_envs))
     round_trip = ROUND_TRIP_PACES * cost.pace_s if cost.pace_s else ROUND_TRIP_S

@@ -50,6 +50,8 @@ def test_placement_rule() -> None:
     pong_slow_phase = StepCost(cpu_s=0.52e-3, wall_s=0.52e-3)  # Pong (0.35 ms) probed in a slow phase of the host
     assert choose_placement(8, pong_slow_phase, 2, 0.1) == "hybrid"
     assert choose_placement(8, StepCost(cpu_s=0.7e-3, wall_s=0.7e-3), 2, 0.1) == "process"  # above the entry limit
+    straggler = StepCost(cpu_s=0.5e-3, wall_s=0.5e-3, mean_wall_s=0.67e-3)  # 90% of steps 0.5 ms, 10% 5 ms; 4% probed
+    assert choose_placement(8, straggler, 2, 0.1) == "process"
 
 
 def test_the_round_trip_is_weighed_in_the_hosts_pace() -> None:
