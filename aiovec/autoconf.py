@@ -157,7 +157,7 @@ INLINE_MAX_STEP_S = 0.5e-3
 """The loop-hold goal for envs stepped in this process: a slice holds the loop for at least one step, so one
 step should take about this long at most. The limits applied are :data:`INLINE_ENTER_S` and :data:`INLINE_LEAVE_S`."""
 
-INLINE_ENTER_S = 1.3 * INLINE_MAX_STEP_S
+INLINE_ENTER_S = 1.2 * INLINE_MAX_STEP_S
 """Envs whose step measures longer never start in this process or move into it. Above the goal by what a step's
 timing scatters on a busy or noisy host: on a 2-CPU VM ALE/Pong-v5 probed 0.34-0.36 ms alone, but 0.49-0.56 ms in
 slow phases of the host lasting 50 ms or more (a fresh process's first probe in 2 of 3 processes), and it measured
