@@ -187,12 +187,14 @@ class EnvHost:
     def set_threads(self, env_threads: int) -> None:
         """Step a command's envs on ``env_threads`` threads (for envs that wait with the GIL released).
 
+        The calling thread is one of them (:meth:`step` keeps it busy), so the pool has ``env_threads - 1``.
         With threads, CPU time is counted for the whole process (all its threads), not this thread.
         """
         env_threads = max(1, int(env_threads))
         if env_threads == self.env_threads and (self._threads is not None) == (env_threads > 1):
             return
-        old, self._threads = self._threads, (ThreadPoolExecutor(env_threads, thread_name_prefix="aiovec-env") if env_threads > 1 else None)
+        helpers = ThreadPoolExecutor(env_threads - 1, thread_name_prefix="aiovec-env") if env_threads > 1 else None
+        old, self._threads = self._threads, helpers
         self.env_threads = env_threads
         if old is not None:
             old.shutdown(wait=True)
@@ -267,7 +269,7 @@ class EnvHost:
     def step(self, ids: Any) -> tuple[list | None, list | None]:
         """Step (or autoreset) each env in ``ids``: ``(infos aligned with ids or None, errors or None)``."""
         if self._threads is not None and len(ids) > 1:
-            results = list(self._threads.map(self.step_one, ids))
+            results = self._step_threaded(ids)
             infos = errors = None
             for k, (info, err) in enumerate(results):
                 if err is not None:
@@ -330,6 +332,24 @@ class EnvHost:
                 v.truncations[rows] = trunc_out
                 return infos, None
         return infos, self._write_rows(ids, obs_out, rew_out, term_out, trunc_out, errors)
+
+    def _step_threaded(self, ids: Any) -> list[tuple[dict | None, P.ErrorInfo | None]]:
+        """:meth:`step_one` for each of ``ids`` on ``env_threads`` threads, this one included: they all take the
+        next env from one shared iterator (a C iterator: each ``next`` is atomic under the GIL) until none is
+        left. One hand-off to each helper thread a command, rather than one a env, and no idle caller."""
+        results: list[Any] = [None] * len(ids)
+        work = enumerate(ids)
+        step_one = self.step_one
+
+        def drain() -> None:
+            for k, i in work:
+                results[k] = step_one(i)
+
+        helpers = [self._threads.submit(drain) for _ in range(min(self.env_threads, len(ids)) - 1)]  # type: ignore[union-attr]
+        drain()
+        for f in helpers:
+            f.result()
+        return results
 
     def _write_rows(self, ids: Any, obs_out: list, rew_out: list, term_out: list, trunc_out: list,
                     errors: list | None) -> list | None:

@@ -20,9 +20,10 @@ from conftest import assert_clean
 
 import aiovec
 from aiovec import Decision, MeasuredController, Measurement
+from aiovec.autoconf import INLINE_ENTER_S, INLINE_LEAVE_S
 from aiovec.configs import Config, efficient_counts
 from aiovec.costmodel import Costs, predict
-from aiovec.measured import INLINE_ENTER_S, INLINE_LEAVE_S, config_of, inline_fits
+from aiovec.measured import config_of, inline_fits
 
 
 def interval(c: Config, n: int, t_cpu: float, t_wait: float, rate: float | None = None, cpus: float = 2, **extra) -> Measurement:
@@ -252,7 +253,8 @@ def test_a_command_to_a_worker_is_priced_at_the_hosts_pace() -> None:
 
 def test_a_step_cost_near_the_loop_hold_limit_does_not_flip_the_placement() -> None:
     """A step measured between the enter and leave limits (Pong on a noisy 2-CPU host: 0.45-0.62 ms) keeps the
-    envs where they step: hybrid stays hybrid, and processes are not left for it; above the leave limit the envs go once it is measured."""
+    envs where they step: hybrid stays hybrid, and processes are not left for it; above the leave limit the envs
+    leave as soon as the cost is measured."""
     band = 0.5 * (INLINE_ENTER_S + INLINE_LEAVE_S)
     env = {"n": 8, "t_wait": 0.0, "inline_ok": True}
     stay = follow(MeasuredController(), Config.hybrid(2), 12, t_cpu=band, **env)

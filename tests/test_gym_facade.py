@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -131,6 +132,45 @@ def test_close_stops_the_loop_thread_and_workers() -> None:
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     with pytest.raises(aiovec.ClosedError):
         v.step(np.zeros(2, dtype=np.int64))
+
+
+def test_env_threads_step_exactly_that_many_envs_at_once() -> None:
+    """``env_threads=k``: a worker steps k of its envs at a time (its own thread is one of the k), never more,
+    and every env's row is its own. Each env reports the interval of its step (``perf_counter`` is one clock
+    for all processes); the peak overlap of those intervals in one batch is the concurrency."""
+
+    class Interval(gym.Env):  # defined here, so cloudpickle sends the class by value
+        def __init__(self) -> None:
+            self.observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float64)
+            self.action_space = gym.spaces.Discrete(2)
+            self.id = -1.0
+
+        def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+            super().reset(seed=seed)
+            self.id = float(seed)
+            return np.array([self.id, 0.0, 0.0]), {}
+
+        def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+            t0 = time.perf_counter()
+            time.sleep(0.02)
+            return np.array([self.id, t0, time.perf_counter()]), 0.0, False, False, {}
+
+    def peak(rows: np.ndarray) -> int:
+        edges = sorted([(t0, 1) for t0 in rows[:, 1]] + [(t1, -1) for t1 in rows[:, 2]])
+        return max(np.cumsum([d for _, d in edges]))
+
+    async def run(threads: int) -> list[int]:
+        async with aiovec.AsyncVecEnv([Interval] * 6, num_workers=1, env_threads=threads) as venv:
+            await venv.reset(seed=list(range(6)))
+            peaks = []
+            for _ in range(3):
+                obs = (await venv.step(np.zeros(6, dtype=np.int64)))[0]
+                np.testing.assert_array_equal(obs[:, 0], np.arange(6))  # each row from its own env
+                peaks.append(peak(obs))
+            return peaks
+
+    for threads in (1, 2, 3, 6, 8):
+        assert aiovec.run(run(threads)) == [min(threads, 6)] * 3, threads
 
 
 def test_env_threads_overlap_waiting_envs_and_keep_results() -> None:
