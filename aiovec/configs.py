@@ -121,18 +121,23 @@ def useful_threads(num_envs: int, processes: int, upto: int = THREAD_LADDER[-1])
     return [t for t in THREAD_LADDER if t <= min(shard, upto)]
 
 
-def static_grid(num_envs: int, waiting: bool, inline: bool = True, max_processes: int | None = None) -> list[Config]:
+def static_grid(num_envs: int, waiting: bool, inline: bool = True, max_processes: int | None = None,
+                cpus: int = 1) -> list[Config]:
     """The sweep the controller is judged against: balanced process counts (powers of two and ``num_envs``
     itself, as far as they divide it) x threads {1, 2, 4, 8} where envs wait (threads only as many as
-    the largest shard), plus inline.
+    the largest shard), plus inline, and where envs compute, hybrid (this process as one of up to ``cpus``).
 
     >>> [c.label for c in static_grid(8, waiting=False)]
     ['inline', '1p x 1t', '2p x 1t', '4p x 1t', '8p x 1t']
-    >>> len(static_grid(64, waiting=True))
+    >>> [c.label for c in static_grid(8, waiting=False, cpus=2)][:2]
+    ['inline', 'inline + 1p']
+    >>> len(static_grid(64, waiting=True, cpus=2))
     23
     """
     counts = [p for p in balanced_counts(num_envs, max_processes) if p & (p - 1) == 0 or p == num_envs]
     out = [Config.inline()] if inline else []
+    if inline and not waiting:
+        out.extend(Config.hybrid(p) for p in counts if 2 <= p <= cpus)
     for p in counts:
         for t in useful_threads(num_envs, p, 8) if waiting else [1]:
             out.append(Config("process", p, t))

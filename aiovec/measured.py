@@ -18,7 +18,10 @@ controller records the measured steps/s of the configuration that ran, and:
    Near-ties (``prefer``) go to fewer processes, then fewer threads; among predictions, a tie is judged on the
    model's own figures, so an exploration bonus never makes a costlier configuration the one probed.
 3. **Moves** when the best candidate beats the current measurement by ``gain``; moves to
-   configurations never measured are probes, limited to ``probes`` per env regime.
+   configurations never measured are probes, limited to ``probes`` per env regime (``process_probes`` of
+   them to another process count, none once the env returns to a cost it had). Records are from other moments: where the current
+   configuration measures below its own earlier record (a slower host), the others' are scaled down alike,
+   and a move to more resources on a record must also clear its scatter plus the current visit's.
 
 After the env's per-step cost changes (two intervals in a row at an unchanged configuration),
 the first move may only change threads (instant) and processes follow in later moves. Knobs the
@@ -87,7 +90,8 @@ def infer_costs(m: Measurement) -> Costs:
 
 
 class MeasuredController:
-    """Processes, threads per process and the in-process rungs (inline, hybrid), chosen by measured throughput (see module doc).
+    """Processes, threads per process and the in-process rungs (inline, hybrid), chosen by measured throughput (see
+    module doc).
 
     >>> ctrl = aiovec.MeasuredController()
     >>> m = aiovec.Measurement(interval_s=1.0, num_workers=2, num_envs=64, steps=400, cpu_per_step=20e-6,
@@ -111,6 +115,7 @@ class MeasuredController:
         prefer: float = 0.03,
         memory: int = 80,
         probes: int = 4,
+        process_probes: int = 2,
         explore: float = 0.08,
         max_settling_skips: int = 4,
         cost_change: float = 1.5,
@@ -121,6 +126,7 @@ class MeasuredController:
         self.min_workers, self.max_workers, self.max_threads = min_workers, max_workers, max_threads
         self.min_demand, self.confirm, self.gain, self.revert, self.prefer = min_demand, confirm, gain, revert, prefer
         self.memory, self.probes, self.max_settling_skips, self.cost_change = memory, probes, max_settling_skips, cost_change
+        self.process_probes = process_probes  # of ``probes``, those to another process count (each costs ~4 intervals)
         self.spread = spread  # intervals of one visit further apart than this (max / min - 1) call for more
         self.explore = explore  # bonus of an unmeasured neighbour where envs wait: measured, not only predicted
         self.records: dict[Config, _Record] = {}
@@ -133,9 +139,11 @@ class MeasuredController:
         self._base: tuple[Config, float] | None = None  # what the last move left, and its measured steps/s
         self._jumps = 0
         self._probes_left = probes
+        self._process_probes_left = process_probes
         self._threads_first = False
         self._cpu_up = False  # the last change of cost raised the CPU per step (x2 and more)
         self._explored_processes = False
+        self._prior_here: float | None = None  # what the current configuration measured before this visit
         self._jump_x: list[float] = []  # steps/s of the intervals that showed a change of cost
         self._regimes: list[tuple[Costs, dict[Config, _Record]]] = []  # what earlier env costs measured
         self._decide_now = False
@@ -157,6 +165,7 @@ class MeasuredController:
         self._i += 1
         if self._i % self.memory == 0:
             self._probes_left = max(self._probes_left, 1)  # decay: one more look around now and then
+            self._process_probes_left = max(self._process_probes_left, 1)
         x, costs = m.throughput, infer_costs(m)
         regime = self._track(cur, x, costs)
         if self._drop_first:  # the first interval after processes changed: new workers warm up
@@ -213,6 +222,8 @@ class MeasuredController:
         old = self.costs
         if cur != self._here:
             self._here, self._visit = cur, []
+            rec = self.records.get(cur)
+            self._prior_here = rec.median if rec is not None and rec.samples else None
             # Across configurations the inferred waiting carries the model's errors: only a jump of CPU counts.
             if old is None or not _cpu_moved(old.cpu_s, costs.cpu_s):
                 self.costs, self._jumps, self._jump_x = costs, 0, []
@@ -235,6 +246,7 @@ class MeasuredController:
             known = next((r for c, r in self._regimes if not _changed(c, costs, self.cost_change)), None)
             self.records = known if known is not None else {}
             self.costs, self._jumps, self._base, self._visit, self._jump_x = costs, 0, None, [], []
+            self._process_probes_left, self._prior_here = (0 if known is not None else self.process_probes), None
             # a cost seen before: its measurements decide, no new process probes; a new one: threads first
             self._probes_left, self._threads_first, self._explored_processes = self.probes, known is None, known is not None
             self._cpu_up = _cpu_moved(old.cpu_s, costs.cpu_s) and costs.cpu_s > old.cpu_s
@@ -286,6 +298,9 @@ class MeasuredController:
         if self._explored_processes or self._slow_moves:  # process moves cost episodes of mixed placement: one look
             explore = {c for c in explore if c.processes == cur.processes}  # per regime, none where episodes are long
         rung = self._other_rung(cur, cands, costs, m)
+        # Records of other configurations are from other moments: if this one measures below what it measured on
+        # an earlier visit, the host (or the env) is slower now, and theirs would be too.
+        drift = min(1.0, here / self._prior_here) if self._prior_here else 1.0
         for c in cands:
             rec = self.records.get(c)
             if rec is not None and rec.banned_until > self._i and c != cur:
@@ -295,7 +310,9 @@ class MeasuredController:
             if c == cur:
                 scored.append((here, here, True, c))
             elif fresh:
-                scored.append((rec.median, rec.median, True, c))  # type: ignore[union-attr]
+                scored.append((rec.median * drift, rec.median * drift, True, c))  # type: ignore[union-attr]
+            elif c.processes != cur.processes and self._process_probes_left <= 0 and not force:
+                continue  # process probes spent (or a cost measured before: its measurements decide)
             elif self._probes_left > 0 or force:
                 bonus = 1 + self.explore if c in explore else 1.0
                 raw = cal * predict(c, costs, m.num_envs, m.cpus, lockstep, command_cost(m.pace_s))
@@ -315,12 +332,16 @@ class MeasuredController:
             score = max(score, top)  # the model's promise is the top's: the cheapest of what it cannot tell apart is measured
         if _resources(best) < _resources(cur) and measured:
             need = here * (1 - self.prefer)  # fewer resources: a measured near-tie will do
+        elif measured:  # more resources on the strength of another moment's record: beyond both one's scatter too
+            spread = _scatter(self._visit[-6:]) + _scatter(list(self.records[best].samples))
+            need = here * (1 + max(self.gain, min(MAX_SCATTER, spread)))
         else:  # a prediction must promise a gain: every move costs intervals (and process moves, episodes)
             need = here * (1 + self.gain)
         if score < need and not force:
             return None
         if not measured:
             self._probes_left -= 1
+            self._process_probes_left -= best.processes != cur.processes
             self._explored_processes |= best.processes != cur.processes
         kind = "measured" if measured else "model"
         why = "the env is too costly to step in this process; " if force else ""

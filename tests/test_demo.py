@@ -23,7 +23,7 @@ def test_demo_quick_writes_png_and_results(tmp_path) -> None:
     png = out / "adaptive.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and os.path.getsize(png) > 10_000
     r = json.loads((out / "demo.json").read_text())["cpu"]
-    assert list(r["static"]) == ["inline", "2p x 1t", "8p x 1t"]  # demo_grid on 2 cores: inline, a process per core, per env
+    assert list(r["static"]) == ["inline", "inline + 1p", "2p x 1t", "8p x 1t"]  # demo_grid on 2 cores: inline, hybrid, a process per core, per env
     assert r["best_static"] == max(r["static"], key=r["static"].__getitem__)
     assert r["ratio"] == pytest.approx(r["adaptive"]["steps_per_s"] / r["static"][r["best_static"]])
     hist = r["adaptive"]["history"]

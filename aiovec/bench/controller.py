@@ -1,7 +1,7 @@
 """``python -m aiovec.bench controller``: the adaptive controller against a static sweep, same run.
 
 Per scenario, the static grid (:func:`aiovec.configs.static_grid`: balanced process counts x
-threads {1, 2, 4, 8} where envs wait, plus inline) and the adaptive controller
+threads {1, 2, 4, 8} where envs wait, plus inline, and hybrid where envs compute) and the adaptive controller
 (``num_workers="auto"``) are measured ``repeats`` times, interleaved (every setting once per
 round, rounds in turn), so drift on a busy machine spreads over all of them. A setting's
 figure is the median of its rounds; best static is the best median. Ratios are
@@ -34,6 +34,7 @@ import numpy as np
 
 from ..configs import Config, static_grid
 from ..loop import run
+from ..machine import available_cpus
 
 
 @dataclass
@@ -151,16 +152,16 @@ async def measure(s: Scenario, setting: Config | str, warm: float, seconds: floa
 
 
 def demo_grid(s: Scenario, cpus: int, max_processes: int | None = None) -> list[Config]:
-    """The demo's short static sweep, a subset of :func:`~aiovec.configs.static_grid`: inline (where envs do not
-    wait), one process per core, a process per env (the v1 answer), and where envs wait the per-core processes
+    """The demo's short static sweep, a subset of :func:`~aiovec.configs.static_grid`: inline and hybrid (where
+    envs do not wait), one process per core, a process per env (the v1 answer), and where envs wait the per-core processes
     with the most threads of the grid and the grid's setting of ``num_envs / 8`` processes with threads."""
-    grid = static_grid(s.num_envs, s.waiting, max_processes=max_processes)
+    grid = static_grid(s.num_envs, s.waiting, max_processes=max_processes, cpus=cpus)
     procs = sorted({c.processes for c in grid if c.placement == "process"})
 
     def near(p: float) -> int:
         return min(procs, key=lambda q: (abs(q - p), -q))
 
-    want: list[Config] = [] if s.waiting else [Config.inline()]
+    want: list[Config] = [] if s.waiting else [Config.inline(), *(c for c in grid if c.placement == "hybrid")]
     core = near(cpus)
     want.append(Config("process", core, 1))
     if s.waiting:
@@ -218,7 +219,7 @@ def readapt_intervals(s: Scenario, a: dict[str, Any]) -> list[int | None]:
 
 def run_scenario(s: Scenario, repeats: int, warm: float, seconds: float, log: Any = print) -> dict[str, Any]:
     """Interleaved rounds of the static grid and the adaptive controller; medians, ranges and ratios."""
-    grid = static_grid(s.num_envs, s.waiting)
+    grid = static_grid(s.num_envs, s.waiting, cpus=available_cpus())
     whole = bool(s.phases)
     if whole:
         warm_static = warm_auto = 0.0
@@ -322,7 +323,7 @@ def main(quick: bool = False, repeats: int | None = None, duration: float | None
     t0 = time.perf_counter()
     for s in chosen:
         print(f"== {s.title}: {s.num_envs} envs, {'lock-step' if s.lockstep else 'first-finished'}, "
-              f"{len(static_grid(s.num_envs, s.waiting))} static settings x {repeats} rounds", flush=True)
+              f"{len(static_grid(s.num_envs, s.waiting, cpus=available_cpus()))} static settings x {repeats} rounds", flush=True)
         results[s.key] = run_scenario(s, repeats, warm, seconds)
         print("  " + sweep_table(results[s.key]), flush=True)
         if out:
