@@ -115,7 +115,7 @@ class MeasuredController:
         prefer: float = 0.03,
         memory: int = 80,
         probes: int = 4,
-        process_probes: int = 2,
+        process_probes: int = 1,
         explore: float = 0.08,
         max_settling_skips: int = 4,
         cost_change: float = 1.5,

@@ -135,6 +135,76 @@ def test_a_costlier_move_must_gain_more_than_its_intervals_scatter() -> None:
     assert all("revert" not in d.reason for d in steady), [d.reason for d in steady]
 
 
+def _probe_to_fewer_processes(ctrl: MeasuredController, env: dict) -> tuple[Config, Config]:
+    """From 8p x 3t (24 envs waiting ~3 ms) the model probes 6p x 4t, which measures about the same and stays."""
+    a = Config("process", 8, 3)
+    for x in (6000, 6000, 6100):
+        d = ctrl.decide(interval(a, rate=x, **env))
+    b = Config(d.placement or a.placement, d.target, d.threads or a.threads)
+    assert b == Config("process", 6, 4), d.reason
+    for x in (5900, 5950, 5900):  # a warm-up, then two intervals within the revert margin: kept
+        d = ctrl.decide(interval(b, rate=x, **env))
+    assert (d.target, d.threads) == (6, 4) and "revert" not in d.reason, d.reason
+    return a, b
+
+
+def test_a_move_back_to_more_processes_on_an_older_record_must_clear_both_scatters() -> None:
+    """wait24 on this VM: the probe to fewer processes was kept, then its intervals sank a little (the host) and
+    the older, 5% higher record of the configuration it left moved it back 4 s later (settling in 17 intervals).
+    A gap inside the two visits' combined scatter moves nothing now; a clear one still does."""
+    env = {"n": 24, "t_cpu": 80e-6, "t_wait": 2.9e-3}
+    ctrl = MeasuredController()
+    a, b = _probe_to_fewer_processes(ctrl, env)
+    held = [ctrl.decide(interval(b, rate=x, **env)) for x in (5700, 5650, 5700, 5680)]
+    assert all((d.target, d.threads) == (6, 4) for d in held), [d.reason for d in held]
+    ctrl = MeasuredController()
+    a, b = _probe_to_fewer_processes(ctrl, env)
+    moved = [ctrl.decide(interval(b, rate=x, **env)) for x in (5000, 5000, 5000, 5000)]
+    assert any((d.target, d.threads) == (a.processes, a.threads) for d in moved), [d.reason for d in moved]
+
+
+def test_records_from_another_moment_are_scaled_by_the_drift_of_the_current_configuration() -> None:
+    """The env returns to a cost it had (waiting, after a phase of computing) on a slower host: the configuration
+    it resumes measures 15% below its own earlier record, so the other configuration's record from that time would
+    be 15% lower too, and is no reason to move; nor is any new process count probed (a cost measured before)."""
+    env = {"n": 24, "t_cpu": 80e-6, "t_wait": 2.9e-3}
+    cpu = {"n": 24, "t_cpu": 1e-3, "t_wait": 0.0}
+    ctrl = MeasuredController()
+    a, b = _probe_to_fewer_processes(ctrl, env)
+    for x in (5900, 5900, 5900):
+        ctrl.decide(interval(b, rate=x, **env))
+    c = b
+    for _ in range(10):  # the envs compute for a while: threads go to one
+        d = ctrl.decide(interval(c, rate=1800, **cpu))
+        c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+    assert c.threads == 1 and ctrl.regime_changes == 1, c
+    trace = []
+    for _ in range(14):  # waiting again, on a host 15% slower: back to 6p x 4t, and it stays there
+        d = ctrl.decide(interval(c, rate=0.85 * 5900 if c == b else 0.85 * 6050 if c == a else 1500, **env))
+        trace.append(d.reason)
+        c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+    assert ctrl.regime_changes == 2, trace
+    assert c == b and sum(r.startswith("move") for r in trace) == 1, trace  # one move: to the resumed record
+
+
+def test_one_process_probe_per_env_regime() -> None:
+    """wait64 on this VM: a second probe, from 5 to 16 processes, started 11 processes inside the measured window
+    (0.78x of the best static setting in that round). A probe to another process count costs ~4 intervals and a
+    move back as many: one per env regime, where threads (instant) are probed as the model says."""
+    env = {"n": 64, "t_cpu": 80e-6, "t_wait": 5e-3}
+    start = Config("process", 4, 16)
+
+    def truth(c: Config) -> float:  # every other configuration measures 10% below the model; the start exactly it
+        x = predict(c, Costs(80e-6, 5e-3, 20e-6), 64, 2)
+        return x if c == start else 0.9 * x
+
+    trace = follow(MeasuredController(), start, 40, truth=truth, **env)
+    labels = [c.label for c in trace]
+    assert {c.processes for c in trace} == {4, 8} and trace[-1] == start, labels  # 8p x 8t probed and left; not 16p x 4t
+    two = follow(MeasuredController(process_probes=2), start, 40, truth=truth, **env)
+    assert {c.processes for c in two} == {4, 8, 16}, [c.label for c in two]  # the knob: a second probe where allowed
+
+
 @pytest.mark.parametrize("pace_s", [8e-6, 0.0])
 def test_a_probe_goes_to_the_cheapest_configuration_the_model_cannot_tell_from_its_top(pace_s: float) -> None:
     """64 envs waiting 6 ms, from 16p x 4t: the model rates 7-22 processes within ~4% of each other, and the
