@@ -122,22 +122,23 @@ def useful_threads(num_envs: int, processes: int, upto: int = THREAD_LADDER[-1])
 
 
 def static_grid(num_envs: int, waiting: bool, inline: bool = True, max_processes: int | None = None,
-                cpus: int = 1) -> list[Config]:
+                hybrid_cpus: int = 0) -> list[Config]:
     """The sweep the controller is judged against: balanced process counts (powers of two and ``num_envs``
     itself, as far as they divide it) x threads {1, 2, 4, 8} where envs wait (threads only as many as
-    the largest shard), plus inline, and where envs compute, hybrid (this process as one of up to ``cpus``).
+    the largest shard), plus inline, and hybrid (this process as one of up to ``hybrid_cpus`` workers) where
+    the caller says the env may step in this process (a step within the loop-hold limit).
 
     >>> [c.label for c in static_grid(8, waiting=False)]
     ['inline', '1p x 1t', '2p x 1t', '4p x 1t', '8p x 1t']
-    >>> [c.label for c in static_grid(8, waiting=False, cpus=2)][:2]
+    >>> [c.label for c in static_grid(8, waiting=False, hybrid_cpus=2)][:2]
     ['inline', 'inline + 1p']
-    >>> len(static_grid(64, waiting=True, cpus=2))
+    >>> len(static_grid(64, waiting=True))
     23
     """
     counts = [p for p in balanced_counts(num_envs, max_processes) if p & (p - 1) == 0 or p == num_envs]
     out = [Config.inline()] if inline else []
-    if inline and not waiting:
-        out.extend(Config.hybrid(p) for p in counts if 2 <= p <= cpus)
+    if inline:
+        out.extend(Config.hybrid(p) for p in counts if 2 <= p <= hybrid_cpus)
     for p in counts:
         for t in useful_threads(num_envs, p, 8) if waiting else [1]:
             out.append(Config("process", p, t))

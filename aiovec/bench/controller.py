@@ -1,7 +1,7 @@
 """``python -m aiovec.bench controller``: the adaptive controller against a static sweep, same run.
 
 Per scenario, the static grid (:func:`aiovec.configs.static_grid`: balanced process counts x
-threads {1, 2, 4, 8} where envs wait, plus inline, and hybrid where envs compute) and the adaptive controller
+threads {1, 2, 4, 8} where envs wait, plus inline, and hybrid where a step fits the loop-hold limit) and the adaptive controller
 (``num_workers="auto"``) are measured ``repeats`` times, interleaved (every setting once per
 round, rounds in turn), so drift on a busy machine spreads over all of them. A setting's
 figure is the median of its rounds; best static is the best median. Ratios are
@@ -51,6 +51,11 @@ class Scenario:
     phases: list[tuple[float, float, float]] | None = None  # (seconds, cpu_ms, wait_ms): a cost that changes
     max_processes_share: float | None = None  # target: adaptive uses at most this share of num_envs as processes
     demo: bool = True  # one of ``aiovec demo``'s scenarios
+    in_process: bool = False  # a step fits the loop-hold limit: hybrid joins the static grid (the controller may use it)
+
+    def grid(self, cpus: int, max_processes: int | None = None) -> list[Config]:
+        """The static settings this scenario is judged against (:func:`~aiovec.configs.static_grid`)."""
+        return static_grid(self.num_envs, self.waiting, max_processes=max_processes, hybrid_cpus=cpus if self.in_process else 0)
 
 
 def scenarios(quick: bool = False, phase_s: float | None = None) -> list[Scenario]:
@@ -58,7 +63,7 @@ def scenarios(quick: bool = False, phase_s: float | None = None) -> list[Scenari
     of cost (phases of ``phase_s`` seconds; default 4, quick 1.5)."""
     ph = phase_s or (1.5 if quick else 4.0)
     return [
-        Scenario("cheap", "cheap CPU-bound (CartPole-v1)", "CartPole-v1", 16),
+        Scenario("cheap", "cheap CPU-bound (CartPole-v1)", "CartPole-v1", 16, in_process=True),
         Scenario("cpu", "heavy CPU-bound (1 ms CPU/step)", "aiovec/Busy-v0", 8, {"episode_len": 50}),
         Scenario("wait24", "waiting 3 ms/step", "aiovec/Sleep-v0", 24, {"wait_ms": 3.0, "episode_len": 50}, waiting=True, demo=False),
         Scenario("wait64", "many waiting envs (5 ms/step)", "aiovec/Sleep-v0", 64, {"wait_ms": 5.0, "episode_len": 50},
@@ -152,10 +157,10 @@ async def measure(s: Scenario, setting: Config | str, warm: float, seconds: floa
 
 
 def demo_grid(s: Scenario, cpus: int, max_processes: int | None = None) -> list[Config]:
-    """The demo's short static sweep, a subset of :func:`~aiovec.configs.static_grid`: inline and hybrid (where
-    envs do not wait), one process per core, a process per env (the v1 answer), and where envs wait the per-core processes
+    """The demo's short static sweep, a subset of the scenario's grid: inline (where envs do not wait) and hybrid
+    (where a step fits the loop-hold limit), one process per core, a process per env (the v1 answer), and where envs wait the per-core processes
     with the most threads of the grid and the grid's setting of ``num_envs / 8`` processes with threads."""
-    grid = static_grid(s.num_envs, s.waiting, max_processes=max_processes, cpus=cpus)
+    grid = s.grid(cpus, max_processes)
     procs = sorted({c.processes for c in grid if c.placement == "process"})
 
     def near(p: float) -> int:
@@ -219,7 +224,7 @@ def readapt_intervals(s: Scenario, a: dict[str, Any]) -> list[int | None]:
 
 def run_scenario(s: Scenario, repeats: int, warm: float, seconds: float, log: Any = print) -> dict[str, Any]:
     """Interleaved rounds of the static grid and the adaptive controller; medians, ranges and ratios."""
-    grid = static_grid(s.num_envs, s.waiting, cpus=available_cpus())
+    grid = s.grid(available_cpus())
     whole = bool(s.phases)
     if whole:
         warm_static = warm_auto = 0.0
@@ -323,7 +328,7 @@ def main(quick: bool = False, repeats: int | None = None, duration: float | None
     t0 = time.perf_counter()
     for s in chosen:
         print(f"== {s.title}: {s.num_envs} envs, {'lock-step' if s.lockstep else 'first-finished'}, "
-              f"{len(static_grid(s.num_envs, s.waiting, cpus=available_cpus()))} static settings x {repeats} rounds", flush=True)
+              f"{len(s.grid(available_cpus()))} static settings x {repeats} rounds", flush=True)
         results[s.key] = run_scenario(s, repeats, warm, seconds)
         print("  " + sweep_table(results[s.key]), flush=True)
         if out:
