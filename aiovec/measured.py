@@ -19,7 +19,7 @@ controller records the measured steps/s of the configuration that ran, and:
    model's own figures, so an exploration bonus never makes a costlier configuration the one probed.
 3. **Moves** when the best candidate beats the current measurement by ``gain``; moves to
    configurations never measured are probes, limited to ``probes`` per env regime (``process_probes`` of
-   them to another process count, none once the env returns to a cost it had). Records are from other moments: where the current
+   them to another process count or placement, none once the env returns to a cost it had). Records are from other moments: where the current
    configuration measures below its own earlier record (a slower host), the others' are scaled down alike,
    and a move to more resources on a record must also clear its scatter plus the current visit's.
 
@@ -126,7 +126,7 @@ class MeasuredController:
         self.min_workers, self.max_workers, self.max_threads = min_workers, max_workers, max_threads
         self.min_demand, self.confirm, self.gain, self.revert, self.prefer = min_demand, confirm, gain, revert, prefer
         self.memory, self.probes, self.max_settling_skips, self.cost_change = memory, probes, max_settling_skips, cost_change
-        self.process_probes = process_probes  # of ``probes``, those to another process count (each costs ~4 intervals)
+        self.process_probes = process_probes  # of ``probes``, those that move envs (each costs ~4 intervals)
         self.spread = spread  # intervals of one visit further apart than this (max / min - 1) call for more
         self.explore = explore  # bonus of an unmeasured neighbour where envs wait: measured, not only predicted
         self.records: dict[Config, _Record] = {}
@@ -311,7 +311,7 @@ class MeasuredController:
                 scored.append((here, here, True, c))
             elif fresh:
                 scored.append((rec.median * drift, rec.median * drift, True, c))  # type: ignore[union-attr]
-            elif c.processes != cur.processes and self._process_probes_left <= 0 and not force:
+            elif _moves_envs(c, cur) and self._process_probes_left <= 0 and not force:
                 continue  # process probes spent (or a cost measured before: its measurements decide)
             elif self._probes_left > 0 or force:
                 bonus = 1 + self.explore if c in explore else 1.0
@@ -341,7 +341,7 @@ class MeasuredController:
             return None
         if not measured:
             self._probes_left -= 1
-            self._process_probes_left -= best.processes != cur.processes
+            self._process_probes_left -= _moves_envs(best, cur)
             self._explored_processes |= best.processes != cur.processes
         kind = "measured" if measured else "model"
         why = "the env is too costly to step in this process; " if force else ""
@@ -486,6 +486,12 @@ def _neighbours(cur: Config, cands: list[Config]) -> set[Config]:
         want = cur.processes * cur.threads / p
         out.add(Config("process", p, min(ts, key=lambda t: (abs(t - want), t))))
     return out
+
+
+def _moves_envs(a: Config, b: Config) -> bool:
+    """Whether going between two configurations moves envs (another process count or placement: episodes of mixed
+    placement, process starts), unlike a change of threads, which is instant."""
+    return a.processes != b.processes or a.placement != b.placement
 
 
 def _resources(c: Config) -> tuple[int, int]:

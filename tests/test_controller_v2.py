@@ -205,6 +205,25 @@ def test_one_process_probe_per_env_regime() -> None:
     assert {c.processes for c in two} == {4, 8, 16}, [c.label for c in two]  # the knob: a second probe where allowed
 
 
+def test_an_env_back_at_a_cost_it_had_probes_no_new_placement() -> None:
+    """Cheap, then 1 ms a step (the envs leave this process), then cheap again: the cost seen before resumes its
+    measurements, and only they decide (back inline); an unmeasured placement (hybrid, with as many workers as the
+    processes it left) is not probed, its intervals to be weighed against a record from another moment."""
+    cheap = {"n": 8, "t_cpu": 10e-6, "t_wait": 0.0, "inline_ok": True}
+    costly = {"n": 8, "t_cpu": 1e-3, "t_wait": 0.0, "inline_ok": True}
+    ctrl, c, phases = MeasuredController(), Config.inline(), []
+    for env, k, host in ((cheap, 8, 0.7), (costly, 10, 1.0), (cheap, 12, 1.0)):  # the first seconds on a busy host
+        seen = []
+        for _ in range(k):
+            x = host * predict(c, Costs(env["t_cpu"], env["t_wait"], 20e-6), env["n"], 2)
+            d = ctrl.decide(interval(c, rate=x, **env))
+            c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+            seen.append(c)
+        phases.append(seen)
+    assert phases[1][-1].placement == "process", [c.label for c in phases[1]]
+    assert phases[2][-1] == Config.inline() and all(c.placement != "hybrid" for c in phases[2]), [c.label for c in phases[2]]
+
+
 @pytest.mark.parametrize("pace_s", [8e-6, 0.0])
 def test_a_probe_goes_to_the_cheapest_configuration_the_model_cannot_tell_from_its_top(pace_s: float) -> None:
     """64 envs waiting 6 ms, from 16p x 4t: the model rates 7-22 processes within ~4% of each other, and the
