@@ -395,7 +395,7 @@ class MeasuredController:
 
     def _move(self, cur: Config, to: Config, m: Measurement, why: str) -> Decision:
         self._base = (cur, statistics.median(self._visit[-6:])) if self._visit else None
-        self._drop_first = to.processes != cur.processes or to.placement != cur.placement
+        self._drop_first = _moves_envs(to, cur)
         if self._drop_first:
             self._settled_in = 0
         return Decision(to.processes, f"move to {why}", threads=to.threads, placement=to.placement)
