@@ -1,15 +1,29 @@
-"""``aiovec.run``: run a coroutine on uvloop where installed, else on asyncio's own loop."""
+"""``aiovec.run``: run a coroutine on uvloop where installed, else on asyncio's own loop; and the
+checkpoint every awaited call of the API passes."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import types
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from . import exits
 
 T = TypeVar("T")
+
+
+@types.coroutine
+def checkpoint() -> Any:
+    """Yield to the event loop once, so every other ready task runs before the caller goes on.
+
+    What ``await asyncio.sleep(0)`` does (asyncio's own zero sleep is this bare yield), without the
+    ``sleep`` call around it: it sits on the hot path of ``step()`` and ``recv()``, once a batch,
+    where that call measured ~1.5 us of a ~100 us batch of 8 CartPoles. Cancellation is delivered
+    here like at any other await.
+    """
+    yield
 
 
 def has_uvloop() -> bool:

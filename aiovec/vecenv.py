@@ -43,6 +43,7 @@ from .errors import (
     WorkerCrashedError,
 )
 from .infos import batch_infos
+from .loop import checkpoint
 from .machine import available_cpus
 from .measured import MeasuredController
 from .pool import WorkerPool
@@ -703,7 +704,7 @@ class AsyncVecEnv:
             need = min(k, outstanding)
             if table.num_ready >= need:
                 if not yielded:  # a checkpoint even when results are waiting: other tasks get their turn
-                    await asyncio.sleep(0)
+                    await checkpoint()
                     yielded = True
                     continue
                 return self._collect(table.oldest_ready(need))
@@ -748,20 +749,28 @@ class AsyncVecEnv:
         >>> aiovec.run(main())
         ((2, 4), True)
         """
-        self._check_started()
-        table = self._table
+        pool, table = self._pool, self._table
+        if pool is None or self._closed:
+            self._check_started()
         if table.in_flight or table.num_ready:
             raise EnvStateError("step() needs every env idle, but some have steps in flight or unreceived results: recv()/drain() them first")
-        self._put_actions(actions, None)
+        if table.settled and self._flat_actions and not self._disabled:  # _put_actions' case of idle envs, flat actions
+            self._views.actions[:] = self._check_actions(actions, self.num_envs)
+        else:
+            self._put_actions(actions, None)
         stepped = self._step_in_turn()
         if stepped is None:
             self._send_put(None)
         elif stepped:  # clean, every env idle again: copy the results before another task may send
-            result = self._step_result({})
-            await asyncio.sleep(0)  # stepped at once (inline): still a checkpoint for the other tasks
+            v = self._views
+            if self._flat_obs and self._delivered is None:  # _step_result's common case, one call less a batch
+                result = v.obs.copy(), v.rewards.copy(), v.terminations.copy(), v.truncations.copy(), {}
+            else:
+                result = self._step_result({})
+            await checkpoint()  # stepped at once (inline): still a checkpoint for the other tasks
             return result
         if not table.in_flight:
-            await asyncio.sleep(0)  # stepped at once (inline): still a checkpoint for the other tasks
+            await checkpoint()  # stepped at once (inline): still a checkpoint for the other tasks
         while table.in_flight:
             await self._wait(None, batch=True)
         if self._errors:
@@ -1005,7 +1014,7 @@ class AsyncVecEnv:
         loop = asyncio.get_running_loop()
         pool = self._pool
         if pool is not None and pool.poll_replies():
-            await asyncio.sleep(0)
+            await checkpoint()
         else:
             fut = loop.create_future()
             self._waiters.append((fut, batch))
