@@ -77,7 +77,9 @@ class EnvTable:
     def __init__(self, num_envs: int, *, debug: bool | None = None) -> None:
         n = self.num_envs = num_envs
         self.state = np.full(n, IDLE, dtype=np.int8)
-        self.boundary = np.ones(n, dtype=np.bool_)  # at an episode boundary: may move between workers
+        self._boundary = np.ones(n, dtype=np.bool_)  # at an episode boundary: may move between workers
+        # Flag arrays whose OR is the boundary of every env, not computed yet (see stepped_in_turn).
+        self._flags: tuple[np.ndarray, np.ndarray] | None = None
         self.restarted = np.zeros(n, dtype=np.bool_)  # its worker was replaced while it was idle
         self.arrival = np.zeros(n, dtype=np.int64)  # order in which READY envs finished
         self._next_arrival = 0
@@ -94,6 +96,25 @@ class EnvTable:
         self.all = np.arange(n)
 
     # -- queries ------------------------------------------------------------------------
+    @property
+    def boundary(self) -> np.ndarray:
+        """Per env, whether it is at an episode boundary (its last step ended the episode, or it was
+        reset): where it may move to another worker."""
+        if self._flags is not None:
+            self._resolve_boundary()
+        return self._boundary
+
+    def _resolve_boundary(self) -> None:
+        np.logical_or(*self._flags, out=self._boundary)  # type: ignore[misc]
+        self._flags = None
+
+    def _unsettle(self) -> None:
+        """Any transition but a clean in-turn step: the boundary a settled table left pending is read
+        from the flags now, before a step of the envs may overwrite them."""
+        self.settled = False
+        if self._flags is not None:
+            self._resolve_boundary()
+
     def require(self, ids: Any, allowed: tuple[int, ...], what: str) -> None:
         """Raise unless every env in ``ids`` is in one of ``allowed`` (a lost env raises its crash)."""
         st = self.state[ids]
@@ -134,7 +155,7 @@ class EnvTable:
         Envs flagged restarted do not step: returns ``(stepping, held)``, ``held`` being None
         or the ids held back; the caller writes their truncation and calls :meth:`truncate_restarted`.
         """
-        self.settled = False
+        self._unsettle()
         held = None
         if self.num_restarted:
             flags = self.restarted[ids]
@@ -154,8 +175,12 @@ class EnvTable:
         """IDLE -> IDLE for every env: all stepped cleanly within the caller's turn (a lone inline
         worker), so no step was ever in flight for another task to see; what changes is each env's
         episode boundary and the busy time. The caller checked that every env was idle and none
-        restarted (:meth:`send`, :meth:`step_done` and :meth:`collect` in one, for the hot path)."""
-        np.logical_or(terminations, truncations, out=self.boundary)
+        restarted (:meth:`send`, :meth:`step_done` and :meth:`collect` in one, for the hot path).
+
+        ``terminations``/``truncations`` are kept, not read: the boundary is their OR, computed when
+        it is read or when the next transition (which any step or reset of an env passes first) leaves
+        the table unsettled; until then nothing writes them, since every env is idle."""
+        self._flags = (terminations, truncations)  # the boundary, computed only when read or before they change
         self._busy_s += busy_s
         self.settled = True
         if self.debug:
@@ -164,7 +189,7 @@ class EnvTable:
 
     def truncate_restarted(self, ids: np.ndarray) -> None:
         """IDLE (restarted) -> READY with a synthesised truncation, for envs :meth:`send` held back."""
-        self.settled = False
+        self._unsettle()
         self.restarted[ids] = False
         self.num_restarted -= len(ids)
         self._make_ready(ids)
@@ -181,7 +206,7 @@ class EnvTable:
         ``terminations``/``truncations``: the flags of every env (indexed by env id); ``infos``: None
         or one info (or None) per id; ``errors``: None or ``(env_id, ...)`` tuples. Returns the failed ids.
         """
-        self.settled = False
+        self._unsettle()
         self.in_flight -= len(ids)
         if not self.in_flight:
             self._busy_s += time.perf_counter() - self._busy_since
@@ -229,7 +254,7 @@ class EnvTable:
         ``(rows, records, selected)`` for each block of records (``selected``: which of the
         block's rows, None for all), ready for :func:`aiovec.infos.batch_infos`.
         """
-        self.settled = False
+        self._unsettle()
         rows: list[tuple[int, dict]] = []
         if self.infos:
             pop = self.infos.pop
@@ -282,7 +307,7 @@ class EnvTable:
 
     def begin_reset(self, ids: np.ndarray) -> None:
         """IDLE/BROKEN -> RESETTING (checked by the caller); a reset clears the restarted flag."""
-        self.settled = False
+        self._unsettle()
         self.state[ids] = RESETTING
         cleared = int(self.restarted[ids].sum())
         if cleared:
@@ -293,7 +318,7 @@ class EnvTable:
 
     def reset_done(self, ids: Any, failed: list[int]) -> None:
         """RESETTING -> IDLE at an episode boundary (-> BROKEN for envs whose reset raised)."""
-        self.settled = False
+        self._unsettle()
         ids = np.asarray(ids, dtype=np.int64)
         if failed:
             self.state[failed] = BROKEN
@@ -310,7 +335,7 @@ class EnvTable:
         RESETTING -> BROKEN (the reset is lost; resetting again is allowed), IDLE/READY ->
         flagged restarted (their next send truncates instead of stepping).
         """
-        self.settled = False
+        self._unsettle()
         synthesized = []
         for i in ids:
             if i in self.lost:
@@ -335,7 +360,7 @@ class EnvTable:
 
     def worker_lost(self, ids: list[int], err: WorkerCrashedError) -> None:
         """A worker died with no restart left: its envs become LOST (a READY result stays deliverable)."""
-        self.settled = False
+        self._unsettle()
         for i in ids:
             st = self.state[i]
             if st == STEPPING:
@@ -351,7 +376,7 @@ class EnvTable:
 
     def _make_ready(self, ids: Any, k: int | None = None) -> None:
         """-> READY, all with one arrival number: envs of one reply finished together (ties: env order)."""
-        self.settled = False
+        self._unsettle()
         self.state[ids] = READY
         self.arrival[ids] = self._next_arrival
         self._next_arrival += 1

@@ -64,6 +64,32 @@ def test_stepped_in_turn_updates_boundaries_and_busy_time_and_refuses_a_busy_tab
         t.stepped_in_turn(terms, truncs, 0.0)
 
 
+def test_the_boundary_of_an_in_turn_batch_is_the_flags_as_they_were_at_the_next_transition() -> None:
+    """stepped_in_turn keeps the flag arrays (the shared result buffers) instead of reading them; the
+    next transition reads them, so a step that then overwrites the buffers does not move the boundary
+    of the envs it did not step, and every read in between sees the batch's flags."""
+    transitions = {
+        "send": lambda t: t.send(np.array([1])),
+        "begin_reset": lambda t: t.begin_reset(np.array([1])),
+        "worker_restarted": lambda t: t.worker_restarted([1]),
+        "worker_lost": lambda t: t.worker_lost([1], crash([1])),
+    }
+    for name, transition in transitions.items():
+        t = EnvTable(N, debug=True)
+        terms, truncs = np.zeros(N, bool), np.zeros(N, bool)
+        terms[2], truncs[4] = True, True
+        t.stepped_in_turn(terms, truncs, 0.0)
+        assert t.movable(2) and t.movable(4) and not t.movable(0), name
+        transition(t)
+        terms[:], truncs[:] = ~terms, False  # the buffers, overwritten by a later step of the envs
+        assert t.boundary[[0, 2, 3, 4, 5]].tolist() == [False, True, False, True, False], name
+    t = EnvTable(N, debug=True)  # two batches in a row: the last one's flags count
+    first, second, nothing = np.ones(N, bool), np.zeros(N, bool), np.zeros(N, bool)
+    t.stepped_in_turn(first, nothing, 0.0)
+    t.stepped_in_turn(second, nothing, 0.0)
+    assert t.boundary.tolist() == [False] * N
+
+
 def test_settled_says_every_env_is_idle_until_any_other_transition() -> None:
     """``settled`` lets step() skip its look at every env's state after a clean in-turn batch; any other
     transition clears it, and check() refuses a settled table with an env that is not idle."""
