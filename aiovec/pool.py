@@ -66,6 +66,11 @@ class _Worker:
 
 PLACEMENTS = ("process", "inline", "hybrid")
 
+PARK_S = 5.0
+"""How long a process worker that a shrink left without envs stays parked (alive, idle, not counted) before it
+is stopped: a grow within that time takes it back at once instead of starting a process (0.3-1 s here). A
+controller that tries fewer processes and finds them worse moves back within a few intervals."""
+
 POLL_S = 250e-6
 """The longest the parent busy-polls for step replies that are due (:meth:`WorkerPool.poll_replies`); it holds
 the event loop meanwhile, as one slice of in-process stepping does (``backends.inline.SLICE_S``)."""
@@ -152,6 +157,8 @@ class WorkerPool:
         # Resizing: envs move one at a time, each at an episode boundary of its own.
         self.movable: Callable[[int], bool] = lambda env_id: True  # set by the vector env
         self._retiring: set[int] = set()
+        self._unparkable: set[int] = set()  # retiring workers to stop, not park (recycled: old or fat)
+        self._parked: dict[int, tuple[_Worker, asyncio.TimerHandle]] = {}  # emptied by a shrink, kept PARK_S for a grow
         self._targets: dict[int, int] = {}  # env -> worker it should move to
         self._moving: dict[int, tuple[int, list]] = {}  # env -> (destination, deferred commands)
         self._stopping: list[asyncio.Task] = []
@@ -225,6 +232,8 @@ class WorkerPool:
     async def close(self, grace: float) -> None:
         """CLOSE every worker, wait up to ``grace`` for each to exit, kill the rest."""
         self.closing = True
+        for wid in list(self._parked):
+            self._stop_parked(wid)
         for wid, w in self.workers.items():
             if w.handle.alive:
                 self._send(wid, P.Close(), None)
@@ -241,7 +250,7 @@ class WorkerPool:
             backend.close()
 
     def kill_all(self) -> None:
-        for w in list(self.workers.values()):
+        for w in [*self.workers.values(), *(w for w, _ in self._parked.values())]:
             w.handle.kill()
 
     @property
@@ -402,8 +411,9 @@ class WorkerPool:
     async def resize(self, n: int, kind: str | None = None) -> None:
         """Aim for ``n`` workers of ``kind`` (default: the current kind; "inline" means one inline worker).
 
-        New workers start now; envs move as they reach episode boundaries; workers left
-        without envs are stopped.
+        New workers start now (or a parked one is taken back); envs move as they reach episode
+        boundaries; process workers left without envs are parked for :data:`PARK_S` (alive, idle,
+        not counted in ``num_workers``), then stopped; inline ones are stopped at once.
         """
         kind = self.kind if kind is None else kind
         self.kind = kind
@@ -417,7 +427,9 @@ class WorkerPool:
                 # Un-retire first (cheapest), then start new workers.
                 revive = sorted(w for w in self._retiring if self.workers[w].kind == wkind)[: want - len(active)]
                 self._retiring.difference_update(revive)
-                new += [self._spawn(wkind) for _ in range(want - len(active) - len(revive))]
+                missing = want - len(active) - len(revive)
+                missing -= self._unpark(wkind, missing)
+                new += [self._spawn(wkind) for _ in range(missing)]
             elif want < len(active):
                 # Retire the workers hosting the fewest envs (fewest moves).
                 by_load = sorted(active, key=lambda w: (len(self.workers[w].envs), -w))
@@ -544,6 +556,7 @@ class WorkerPool:
         self.recycled += 1
         self._spawn(self.workers[wid].kind)
         self._retiring.add(wid)
+        self._unparkable.add(wid)
         self._plan()
         self.try_moves()
 
@@ -554,17 +567,52 @@ class WorkerPool:
         self._stopping.append(self._loop.create_task(handle.stop(5.0)))
 
     def _stop_empty(self) -> None:
+        """Retiring workers left without envs or commands leave the pool: parked (process workers a shrink
+        emptied) or stopped (inline, recycled, or while closing)."""
         for wid in sorted(self._retiring):
             w = self.workers.get(wid)
             if w is None:
                 self._retiring.discard(wid)
+                self._unparkable.discard(wid)
             elif not w.envs and not w.pending:
                 self._retiring.discard(wid)
-                self._send(wid, P.Close(), None)
                 del self.workers[wid]
                 self._placement_changed(None)
                 self.stats.retire(wid)
-                self._reap(w.handle)
+                if w.kind == "inline" or wid in self._unparkable or self.closing or not w.handle.alive:
+                    self._unparkable.discard(wid)
+                    w.handle.send(P.Close())
+                    self._reap(w.handle)
+                else:
+                    self._parked[wid] = (w, self._loop.call_later(PARK_S, self._stop_parked, wid))
+
+    def _stop_parked(self, wid: int) -> None:
+        """A parked worker's time is up (or the pool closes): stop it."""
+        w, timer = self._parked.pop(wid)
+        timer.cancel()
+        if w.handle.alive:
+            w.handle.send(P.Close())
+        self._reap(w.handle)
+
+    def _unpark(self, kind: str, n: int) -> int:
+        """Take back up to ``n`` parked workers of ``kind`` (newest first), told the settings of now; returns how many."""
+        taken = [wid for wid in sorted(self._parked, reverse=True) if self._parked[wid][0].kind == kind][:max(0, n)]
+        backend = self.backends[kind]
+        for wid in taken:
+            w, timer = self._parked.pop(wid)
+            timer.cancel()
+            self.workers[wid] = w
+            ws = self.stats.worker(wid)
+            ws.pid, ws.kind, ws.spin_s = getattr(w.handle, "pid", None), kind, w.spin_s
+            settings: dict[str, Any] = {}
+            if backend.can_spin and w.spin_s != backend.spin_s:
+                w.spin_s = settings["spin_s"] = backend.spin_s
+            threads = getattr(backend, "host_options", {}).get("env_threads")
+            if threads is not None:
+                settings["env_threads"] = threads
+            if settings:
+                self._send(wid, P.Tune(settings), self._on_tuned)
+        return len(taken)
 
     # -- replies and deaths -------------------------------------------------------------
     def _on_reply(self, wid: int, reply: P.Reply) -> None:
@@ -646,6 +694,9 @@ class WorkerPool:
             self._check_recycle()
 
     def _on_exit(self, wid: int, exitcode: int | None, tb: str | None) -> None:
+        if wid in self._parked:  # it hosted nothing: nothing is lost, nothing restarts
+            self._stop_parked(wid)
+            return
         w = self.workers.pop(wid, None)
         if w is None:
             return
@@ -669,6 +720,7 @@ class WorkerPool:
         # Reap it now (a long run with many restarts must not accumulate dead workers).
         self._reap(w.handle)
         self._retiring.discard(wid)
+        self._unparkable.discard(wid)
         for env in [e for e, (dest, _) in self._moving.items() if dest == wid]:
             self._moving[env] = (-1, self._moving[env][1])  # was moving into the dead worker
             env_ids.append(env)

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 
 import gymnasium as gym
 import numpy as np
+import psutil
 from conftest import assert_clean, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aiovec
+import aiovec.pool
 
 N_ENVS = 5
 
@@ -118,3 +123,85 @@ def test_resize_changes_worker_count_and_keeps_lockstep_results(clean) -> None:
         want = sync.step(rng.integers(0, 2, 6))
         for x, y in zip(got, want[:4], strict=True):
             assert np.array_equal(x, y)
+
+
+def _worker_pids(venv: aiovec.AsyncVecEnv) -> set[int]:
+    return {w["pid"] for w in venv.stats()["workers"] if w["pid"] is not None}
+
+
+async def _step_until_settled(venv: aiovec.AsyncVecEnv, rng: np.random.Generator, outs: list) -> None:
+    """Lock-step until every planned move is done (envs move at their episode boundaries)."""
+    for _ in range(2000):
+        obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, venv.num_envs))
+        outs.append((obs, rew, te, tr))
+        if not venv.pending_moves:
+            return
+    raise AssertionError("moves never finished")
+
+
+def test_a_grow_soon_after_a_shrink_takes_the_parked_worker_back(clean, monkeypatch) -> None:
+    """A shrink parks the emptied worker process (alive, idle, not counted); a grow within PARK_S takes that
+    same process back instead of starting one, and sends it the settings of now; trajectories are unchanged."""
+    monkeypatch.setattr(aiovec.pool, "PARK_S", 30.0)
+
+    async def main() -> tuple[list, list]:
+        outs: list = []
+        seen = []
+        async with aiovec.make("CartPole-v1", 6, num_workers=3, controller=None) as venv:
+            await venv.reset(seed=3)
+            rng = np.random.default_rng(1)
+            three = _worker_pids(venv)
+            await venv.resize(1)
+            await _step_until_settled(venv, rng, outs)
+            one = _worker_pids(venv)
+            parked = three - one
+            assert venv.num_workers == 1 and len(parked) == 2
+            assert all(psutil.pid_exists(p) for p in parked), "parked workers stay alive"
+            await venv.set_env_threads(2)  # a setting changed while they were parked
+            await venv.resize(3)
+            await _step_until_settled(venv, rng, outs)
+            assert _worker_pids(venv) == three, "the parked processes came back, none started"
+            seen = [w["env_threads"] for w in venv.stats()["workers"]]
+            assert venv.num_workers == 3
+        return outs, seen
+
+    outs, threads = asyncio.run(main())
+    assert_clean(clean)
+    assert threads == [2, 2, 2]
+    sync = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 6)
+    sync.reset(seed=3)
+    rng = np.random.default_rng(1)
+    for got in outs:
+        want = sync.step(rng.integers(0, 2, 6))
+        for x, y in zip(got, want[:4], strict=True):
+            assert np.array_equal(x, y)
+
+
+def test_parked_workers_stop_after_park_s_and_a_parked_death_costs_nothing(clean, monkeypatch) -> None:
+    """A parked worker that dies (SIGKILL) is not a crash: no restart spent, no error raised; the others stop
+    on their own after PARK_S, and close() stops any still parked."""
+    monkeypatch.setattr(aiovec.pool, "PARK_S", 0.5)
+
+    async def main() -> None:
+        async with aiovec.make("CartPole-v1", 4, num_workers=4, max_restarts=0, controller=None) as venv:
+            await venv.reset(seed=0)
+            rng = np.random.default_rng(0)
+            four = _worker_pids(venv)
+            await venv.resize(2)
+            await _step_until_settled(venv, rng, [])
+            parked = sorted(four - _worker_pids(venv))
+            assert len(parked) == 2
+            os.kill(parked[0], signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in parked):
+                assert time.monotonic() < deadline, "parked workers outlived PARK_S"
+                await venv.step(rng.integers(0, 2, 4))
+                await asyncio.sleep(0.01)
+            for _ in range(20):
+                await venv.step(rng.integers(0, 2, 4))  # no error, no lost env
+            assert venv.num_workers == 2 and venv.stats()["restarts"] == 0
+            await venv.resize(1)
+            await _step_until_settled(venv, rng, [])  # one more parked: close() stops it
+
+    asyncio.run(main())
+    assert_clean(clean)
