@@ -5,8 +5,9 @@ controller records the measured steps/s of the configuration that ran, and:
 
 1. **Checks the last change.** After a move it measures the new configuration for ``confirm``
    intervals (no single interval decides; one more where they lie over ``spread`` apart) and
-   compares their median with what the configuration it left measured just before, under the same env
-   cost. A move to fewer resources that measured worse by more than ``revert``, or one to more that did
+   compares them with what the configuration it left measured just before, under the same env
+   cost. A move to fewer resources whose best interval fell short of the other's best by more than ``revert``
+   (interference only slows a run: a dip in either visit decides nothing), or one to more whose median did
    not measure better by ``prefer`` and by its intervals' scatter (at most :data:`MAX_SCATTER`): it moves
    back and remembers the loser for ``memory`` intervals, doubled at each repeated loss
    (hysteresis), forgotten when the env's cost changes (decay: a changed env is re-explored).
@@ -136,7 +137,7 @@ class MeasuredController:
         self._here: Config | None = None  # configuration of the last measured interval
         self._visit: list[float] = []  # steps/s since arriving at it
         self._drop_first = True  # the first interval: workers and caches warm up, the host settles after start-up
-        self._base: tuple[Config, float] | None = None  # what the last move left, and its measured steps/s
+        self._base: tuple[Config, float, float] | None = None  # what the last move left: its median and best steps/s
         self._jumps = 0
         self._probes_left = probes
         self._process_probes_left = process_probes
@@ -184,23 +185,27 @@ class MeasuredController:
         self._decide_now = False
         here = statistics.median(self._visit[-6:])
         if self._base is not None:
-            base, before = self._base
+            base, before, before_best = self._base
             self._base = None
             # A change to more processes or threads must pay for itself, by more than its intervals scatter (a 3%
-            # gain inside 10% of noise is noise); one to fewer must only not cost.
+            # gain inside 10% of noise is noise); one to fewer must only not cost, judged on each visit's best
+            # interval: the host only ever slows a run, so a dip in the visit it left must not keep it, nor a dip
+            # in its own send it back.
             if _resources(cur) > _resources(base):
-                floor = before * (1 + max(self.prefer, min(MAX_SCATTER, _scatter(self._visit[-6:]))))
+                worse = here < before * (1 + max(self.prefer, min(MAX_SCATTER, _scatter(self._visit[-6:]))))
+                if not worse:
+                    self._explored_processes = False  # a costlier move paid for itself: keep climbing
+                why = f"{cur.label} measured {here:,.0f} steps/s, {base.label} {before:,.0f} before it"
             else:
-                floor = before * (1 - self.revert)
-            if here >= floor and _resources(cur) > _resources(base):
-                self._explored_processes = False  # a costlier move paid for itself: keep climbing
-            if here < floor and base in self._allowed(m):
+                best = max(self._visit[-6:])
+                worse = best < before_best * (1 - self.revert)
+                why = f"{cur.label} at best {best:,.0f} steps/s, {base.label} {before_best:,.0f} before it"
+            if worse and base in self._allowed(m):
                 rec.losses += 1
                 rec.banned_until = self._i + self.memory * 2 ** (rec.losses - 1)
                 rec.samples.clear()
                 rec.samples.append(here)
-                d = self._move(cur, base, m, f"revert: {cur.label} measured {here:,.0f} steps/s, "
-                                              f"{base.label} {before:,.0f} before it")
+                d = self._move(cur, base, m, f"revert: {why}")
                 self._base = None  # going back is not itself on trial
                 return d
         return self._choose(cur, here, costs, m, regime)
@@ -394,7 +399,7 @@ class MeasuredController:
         return out
 
     def _move(self, cur: Config, to: Config, m: Measurement, why: str) -> Decision:
-        self._base = (cur, statistics.median(self._visit[-6:])) if self._visit else None
+        self._base = (cur, statistics.median(self._visit[-6:]), max(self._visit[-6:])) if self._visit else None
         self._drop_first = _moves_envs(to, cur)
         if self._drop_first:
             self._settled_in = 0
