@@ -25,6 +25,14 @@ def crash(ids: list[int]) -> WorkerCrashedError:
     return WorkerCrashedError(0, ids, -9, None, "test")
 
 
+OTHER_TRANSITIONS = {  # every transition but a clean in-turn batch, each on env 1
+    "send": lambda t: t.send(np.array([1])),
+    "begin_reset": lambda t: t.begin_reset(np.array([1])),
+    "worker_restarted": lambda t: t.worker_restarted([1]),
+    "worker_lost": lambda t: t.worker_lost([1], crash([1])),
+}
+
+
 def test_states_are_an_int_enum_and_idle_is_zero() -> None:
     assert [s.name for s in EnvState] == ["IDLE", "STEPPING", "READY", "RESETTING", "BROKEN", "LOST"]
     assert IDLE == 0  # the hot path checks "all idle" with one reduction
@@ -68,13 +76,7 @@ def test_the_boundary_of_an_in_turn_batch_is_the_flags_as_they_were_at_the_next_
     """stepped_in_turn keeps the flag arrays (the shared result buffers) instead of reading them; the
     next transition reads them, so a step that then overwrites the buffers does not move the boundary
     of the envs it did not step, and every read in between sees the batch's flags."""
-    transitions = {
-        "send": lambda t: t.send(np.array([1])),
-        "begin_reset": lambda t: t.begin_reset(np.array([1])),
-        "worker_restarted": lambda t: t.worker_restarted([1]),
-        "worker_lost": lambda t: t.worker_lost([1], crash([1])),
-    }
-    for name, transition in transitions.items():
+    for name, transition in OTHER_TRANSITIONS.items():
         t = EnvTable(N, debug=True)
         terms, truncs = np.zeros(N, bool), np.zeros(N, bool)
         terms[2], truncs[4] = True, True
@@ -94,13 +96,7 @@ def test_settled_says_every_env_is_idle_until_any_other_transition() -> None:
     """``settled`` lets step() skip its look at every env's state after a clean in-turn batch; any other
     transition clears it, and check() refuses a settled table with an env that is not idle."""
     nothing = np.zeros(N, bool)
-    transitions = {
-        "send": lambda t: t.send(np.array([1])),
-        "begin_reset": lambda t: t.begin_reset(np.array([1])),
-        "worker_restarted": lambda t: t.worker_restarted([1]),
-        "worker_lost": lambda t: t.worker_lost([1], crash([1])),
-    }
-    for name, transition in transitions.items():
+    for name, transition in OTHER_TRANSITIONS.items():
         t = EnvTable(N, debug=True)
         assert not t.settled
         t.stepped_in_turn(nothing, nothing, 0.0)

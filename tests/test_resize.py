@@ -40,6 +40,17 @@ def reference(seed: int, actions_per_env: list[list[int]]) -> list[list[tuple]]:
     return out
 
 
+def assert_equals_sync(outs: list, seed: int, action_seed: int) -> None:
+    """Lock-step results of 6 CartPoles equal SyncVectorEnv's for the same seeds and actions."""
+    sync = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 6)
+    sync.reset(seed=seed)
+    rng = np.random.default_rng(action_seed)
+    for got in outs:
+        want = sync.step(rng.integers(0, 2, 6))
+        for x, y in zip(got, want[:4], strict=True):
+            assert np.array_equal(x, y)
+
+
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("send"), st.lists(st.integers(0, N_ENVS - 1), min_size=1, max_size=N_ENVS, unique=True)),
@@ -116,13 +127,7 @@ def test_resize_changes_worker_count_and_keeps_lockstep_results(clean) -> None:
     outs, counts = asyncio.run(main())
     assert_clean(clean)
     assert 6 in counts and counts[-1] == 3
-    sync = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 6)
-    sync.reset(seed=7)
-    rng = np.random.default_rng(0)
-    for got in outs:
-        want = sync.step(rng.integers(0, 2, 6))
-        for x, y in zip(got, want[:4], strict=True):
-            assert np.array_equal(x, y)
+    assert_equals_sync(outs, seed=7, action_seed=0)
 
 
 def _worker_pids(venv: aiovec.AsyncVecEnv) -> set[int]:
@@ -168,13 +173,7 @@ def test_a_grow_soon_after_a_shrink_takes_the_parked_worker_back(clean, monkeypa
     outs, threads = asyncio.run(main())
     assert_clean(clean)
     assert threads == [2, 2, 2]
-    sync = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 6)
-    sync.reset(seed=3)
-    rng = np.random.default_rng(1)
-    for got in outs:
-        want = sync.step(rng.integers(0, 2, 6))
-        for x, y in zip(got, want[:4], strict=True):
-            assert np.array_equal(x, y)
+    assert_equals_sync(outs, seed=3, action_seed=1)
 
 
 def test_parked_workers_stop_after_park_s_and_a_parked_death_costs_nothing(clean, monkeypatch) -> None:
