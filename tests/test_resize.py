@@ -204,3 +204,31 @@ def test_parked_workers_stop_after_park_s_and_a_parked_death_costs_nothing(clean
 
     asyncio.run(main())
     assert_clean(clean)
+
+
+def test_a_look_at_inline_and_back_to_hybrid_keeps_the_worker_process(clean, monkeypatch) -> None:
+    """The controller's look at inline from hybrid, and its move back: the worker process the look emptied is
+    parked, then hosts the process shard again; trajectories are SyncVectorEnv's throughout."""
+    monkeypatch.setattr(aiovec.pool, "PARK_S", 30.0)
+
+    async def main() -> list:
+        outs: list = []
+        async with aiovec.make("CartPole-v1", 6, num_workers=2, placement="hybrid", controller=None) as venv:
+            await venv.reset(seed=5)
+            rng = np.random.default_rng(2)
+            before = _worker_pids(venv)
+            assert len(before) == 1
+            await venv.resize(1, placement="inline")
+            await _step_until_settled(venv, rng, outs)
+            assert venv.placement == "inline" and not _worker_pids(venv)
+            await venv.resize(2, placement="hybrid")
+            await _step_until_settled(venv, rng, outs)
+            assert venv.placement == "hybrid" and _worker_pids(venv) == before
+            for _ in range(20):
+                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 6))
+                outs.append((obs, rew, te, tr))
+        return outs
+
+    outs = asyncio.run(main())
+    assert_clean(clean)
+    assert_equals_sync(outs, seed=5, action_seed=2)
