@@ -39,7 +39,7 @@ class _Pending(NamedTuple):
 
 
 class _Worker:
-    __slots__ = ("handle", "kind", "envs", "pending", "ready", "spin_s", "membership", "shard_step", "step_s", "_shard")
+    __slots__ = ("handle", "kind", "envs", "pending", "ready", "spin_s", "membership", "shard_step", "step_s", "recycled", "_shard")
 
     def __init__(self, handle: WorkerHandle, kind: str, spin_s: float, shard_step: bool = True) -> None:
         self.handle = handle
@@ -51,6 +51,7 @@ class _Worker:
         self.spin_s = spin_s  # what it was started with or last told
         self.membership = 0  # ADD/REMOVE commands not yet answered: the worker's env set is uncertain
         self.step_s: float | None = None  # how long its step commands take in the worker (moving average)
+        self.recycled = False  # replaced for being old or fat: stopped once empty, never parked
         self._shard: np.ndarray | None = None
 
     @property
@@ -157,7 +158,6 @@ class WorkerPool:
         # Resizing: envs move one at a time, each at an episode boundary of its own.
         self.movable: Callable[[int], bool] = lambda env_id: True  # set by the vector env
         self._retiring: set[int] = set()
-        self._unparkable: set[int] = set()  # retiring workers to stop, not park (recycled: old or fat)
         self._parked: dict[int, tuple[_Worker, asyncio.TimerHandle]] = {}  # emptied by a shrink, kept PARK_S for a grow
         self._targets: dict[int, int] = {}  # env -> worker it should move to
         self._moving: dict[int, tuple[int, list]] = {}  # env -> (destination, deferred commands)
@@ -556,7 +556,7 @@ class WorkerPool:
         self.recycled += 1
         self._spawn(self.workers[wid].kind)
         self._retiring.add(wid)
-        self._unparkable.add(wid)
+        self.workers[wid].recycled = True
         self._plan()
         self.try_moves()
 
@@ -573,16 +573,13 @@ class WorkerPool:
             w = self.workers.get(wid)
             if w is None:
                 self._retiring.discard(wid)
-                self._unparkable.discard(wid)
             elif not w.envs and not w.pending:
                 self._retiring.discard(wid)
                 del self.workers[wid]
                 self._placement_changed(None)
                 self.stats.retire(wid)
-                if w.kind == "inline" or wid in self._unparkable or self.closing or not w.handle.alive:
-                    self._unparkable.discard(wid)
-                    w.handle.send(P.Close())
-                    self._reap(w.handle)
+                if w.kind == "inline" or w.recycled or self.closing or not w.handle.alive:
+                    self._stop(w)
                 else:
                     self._parked[wid] = (w, self._loop.call_later(PARK_S, self._stop_parked, wid))
 
@@ -590,6 +587,10 @@ class WorkerPool:
         """A parked worker's time is up (or the pool closes): stop it."""
         w, timer = self._parked.pop(wid)
         timer.cancel()
+        self._stop(w)
+
+    def _stop(self, w: _Worker) -> None:
+        """CLOSE a worker that has left the pool, and reap it."""
         if w.handle.alive:
             w.handle.send(P.Close())
         self._reap(w.handle)
@@ -720,7 +721,6 @@ class WorkerPool:
         # Reap it now (a long run with many restarts must not accumulate dead workers).
         self._reap(w.handle)
         self._retiring.discard(wid)
-        self._unparkable.discard(wid)
         for env in [e for e, (dest, _) in self._moving.items() if dest == wid]:
             self._moving[env] = (-1, self._moving[env][1])  # was moving into the dead worker
             env_ids.append(env)
