@@ -90,6 +90,7 @@ class EnvTable:
         self.num_ready = 0
         self.num_restarted = 0
         self.settled = False  # every env IDLE, as the last transition (a clean in-turn step) left them
+        self.in_turn_batches = 0  # clean batches stepped in turn: which one ``settled`` refers to
         self._busy_s = 0.0  # time with at least one step in flight: the caller's demand
         self._busy_since = 0.0
         self.debug = debug_enabled() if debug is None else debug
@@ -183,6 +184,7 @@ class EnvTable:
         self._flags = (terminations, truncations)  # the boundary, computed only when read or before they change
         self._busy_s += busy_s
         self.settled = True
+        self.in_turn_batches += 1
         if self.debug:
             assert not self.num_restarted and not np.count_nonzero(self.state), "stepped in turn: every env must be idle"
             self.check()

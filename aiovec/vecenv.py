@@ -668,6 +668,16 @@ class AsyncVecEnv:
         self._stepped(self._all, infos, errors)
         return False
 
+    def _requeue_in_turn(self, batch: int) -> None:
+        """A ``step()`` cancelled at its checkpoint after stepping in turn: the envs have moved on, so the batch
+        waits for ``recv()`` as a worker's results would (READY, still in the buffers), unless another task has
+        stepped or reset them since (then the buffers hold newer results, and the cancelled caller's are gone)."""
+        table = self._table
+        if self._closed or not table.settled or table.in_turn_batches != batch:
+            return
+        table.send(slice(None))
+        self._stepped(self._all, None, None)
+
     async def recv(self, batch_size: int | None = None, timeout: float | None = None) -> StepResult:
         """Await the first ``batch_size`` results to finish (default: the constructor's ``batch_size``).
 
@@ -767,7 +777,12 @@ class AsyncVecEnv:
                 result = v.obs.copy(), v.rewards.copy(), v.terminations.copy(), v.truncations.copy(), {}
             else:
                 result = self._step_result({})
-            await checkpoint()  # stepped at once (inline): still a checkpoint for the other tasks
+            batch = table.in_turn_batches
+            try:
+                await checkpoint()  # stepped at once (inline): still a checkpoint for the other tasks
+            except asyncio.CancelledError:
+                self._requeue_in_turn(batch)
+                raise
             return result
         if not table.in_flight:
             await checkpoint()  # stepped at once (inline): still a checkpoint for the other tasks

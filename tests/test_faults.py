@@ -340,6 +340,44 @@ def test_close_with_steps_in_flight_has_released_everything_when_it_returns(run,
 
 
 # -- cancellation and errors in async with ----------------------------------------------------------
+@pytest.mark.parametrize("placement", ["inline", "hybrid"])
+def test_a_step_cancelled_after_stepping_in_this_process_leaves_its_results_for_recv(run, clean, placement: str) -> None:
+    """In-process stepping finishes within step()'s own turn, before its checkpoint: a cancel that lands there must
+    not drop the batch (the envs have moved on), it waits for recv() as a worker's results would; then lock-step
+    goes on, every transition equal to SyncVectorEnv's."""
+    n = 4
+
+    async def main() -> None:
+        ref = gym.vector.SyncVectorEnv([functools.partial(gym.make, "CartPole-v1")] * n)
+        ref.reset(seed=7)
+        async with aiovec.make("CartPole-v1", n, num_workers=2 if placement == "hybrid" else 1, placement=placement) as venv:
+            await wait(venv.reset(seed=7))
+            acts = np.array([0, 1, 1, 0])
+            for _ in range(100):  # until in-process stepping has measured the envs cheap enough for one turn
+                obs, *_ = await wait(venv.step(acts))
+                np.testing.assert_array_equal(obs, ref.step(acts)[0])
+            for cancel_after in (0, 1, 2, 0, 0):  # the first turn, and later ones (a hybrid batch takes several)
+                task = asyncio.ensure_future(venv.step(acts))
+                for _ in range(cancel_after + 1):
+                    await asyncio.sleep(0)
+                task.cancel()
+                try:
+                    got = await wait(task)
+                except asyncio.CancelledError:
+                    res = await wait(venv.drain())
+                    assert sum(len(r.env_ids) for r in res) == n, [r.env_ids for r in res]
+                    rows = {i: (r.obs[k], r.rewards[k]) for r in res for k, i in enumerate(r.env_ids.tolist())}
+                    got = (np.stack([rows[i][0] for i in range(n)]), np.array([rows[i][1] for i in range(n)]))
+                want = ref.step(acts)
+                np.testing.assert_array_equal(got[0], want[0])
+                np.testing.assert_array_equal(got[1], want[1])
+            obs, *_ = await wait(venv.step(acts))
+            np.testing.assert_array_equal(obs, ref.step(acts)[0])
+        ref.close()
+
+    run(main())
+
+
 def test_cancelled_step_leaves_results_for_recv(run, clean) -> None:
     fns = [functools.partial(gym.make, "aiovec/Sleep-v0", wait_ms=300.0, obs_dim=4) for _ in range(N)]
     ref_fns = [functools.partial(gym.make, "aiovec/Sleep-v0", wait_ms=0.0, obs_dim=4) for _ in range(N)]
