@@ -489,7 +489,7 @@ class WorkerPool:
 
     def try_moves(self) -> None:
         """Start every planned move whose env is idle at an episode boundary."""
-        for env in [e for e in self._targets if self.movable(e)]:
+        for env in [e for e in self._targets if e not in self._moving and self.movable(e)]:  # a moving env's target waits for it to land
             dest = self._targets.pop(env)
             src = int(self.loc[env])
             if src < 0 or src == dest or dest not in self.workers:
@@ -511,15 +511,17 @@ class WorkerPool:
                 if handler is not None:
                     handler(src, None, error)
             return
-        if reply.errors:  # not at a boundary after all: stay, and retry later
+        if reply.errors:  # not at a boundary after all: stay, and retry later (where a resize since planned, if one did)
             self.loc[env] = src
-            self._targets[env] = dest
+            self._targets.setdefault(env, dest)
             target = src
         else:
             if w is not None:
                 w.envs.discard(env)
                 self.stats.worker(src).envs -= 1
-            target = dest if dest in self.workers else src
+            # A resize while it moved may have planned it elsewhere (``dest`` retiring): straight there.
+            replanned = self._targets.pop(env, None)
+            target = next((t for t in (replanned, dest) if t is not None and t in self.workers), src)
             fut = self._add_env(target, env, reply.payload[env])
             fut.add_done_callback(lambda f, env=env, target=target: self._moved_in(env, target, f))
             self.moves += 1

@@ -10,6 +10,7 @@ import time
 import gymnasium as gym
 import numpy as np
 import psutil
+import pytest
 from conftest import assert_clean, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -41,12 +42,13 @@ def reference(seed: int, actions_per_env: list[list[int]]) -> list[list[tuple]]:
 
 
 def assert_equals_sync(outs: list, seed: int, action_seed: int) -> None:
-    """Lock-step results of 6 CartPoles equal SyncVectorEnv's for the same seeds and actions."""
-    sync = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 6)
+    """Lock-step results of CartPoles equal SyncVectorEnv's for the same seeds and actions."""
+    n = len(outs[0][0])
+    sync = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * n)
     sync.reset(seed=seed)
     rng = np.random.default_rng(action_seed)
     for got in outs:
-        want = sync.step(rng.integers(0, 2, 6))
+        want = sync.step(rng.integers(0, 2, n))
         for x, y in zip(got, want[:4], strict=True):
             assert np.array_equal(x, y)
 
@@ -232,3 +234,31 @@ def test_a_look_at_inline_and_back_to_hybrid_keeps_the_worker_process(clean, mon
     outs = asyncio.run(main())
     assert_clean(clean)
     assert_equals_sync(outs, seed=5, action_seed=2)
+
+
+@pytest.mark.parametrize("last", [1, 2])
+def test_a_resize_while_envs_move_sends_them_where_the_last_one_planned(clean, last: int) -> None:
+    """resize(3) starts moves into the new worker; a resize straight after (before any Remove is answered) retires
+    the workers those envs were leaving and the one they were bound for. Each such env must land where the last
+    resize planned it, so the retired workers empty and leave (once left on a retiring worker, nothing moved it
+    again: num_workers stayed above the request with no move pending)."""
+
+    async def main() -> list:
+        outs: list = []
+        async with aiovec.make("CartPole-v1", 8, num_workers=2, controller=None) as venv:
+            await venv.reset(seed=11)
+            rng = np.random.default_rng(4)
+            await venv.resize(3)
+            assert venv.pending_moves  # envs are on their way into the new worker
+            await venv.resize(last)
+            await _step_until_settled(venv, rng, outs)
+            for _ in range(5):
+                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 8))
+                outs.append((obs, rew, te, tr))
+            assert venv.num_workers == last and len(_worker_pids(venv)) == last, venv.stats()["workers"]
+            assert sorted(w["envs"] for w in venv.stats()["workers"]) == [8 // last] * last
+        return outs
+
+    outs = asyncio.run(main())
+    assert_clean(clean)
+    assert_equals_sync(outs, seed=11, action_seed=4)
