@@ -599,6 +599,10 @@ class WorkerPool:
 
     def _unpark(self, kind: str, n: int) -> int:
         """Take back up to ``n`` parked workers of ``kind`` (newest first), told the settings of now; returns how many."""
+        for w, _ in self._parked.values():
+            w.handle.poll()  # reads an end of file that the event loop has not reported yet
+        for wid in [wid for wid, (w, _) in self._parked.items() if not w.handle.alive]:
+            self._stop_parked(wid)  # died while parked, its exit not reported yet: not one to take back
         taken = [wid for wid in sorted(self._parked, reverse=True) if self._parked[wid][0].kind == kind][:max(0, n)]
         backend = self.backends[kind]
         for wid in taken:
@@ -726,6 +730,11 @@ class WorkerPool:
         for env in [e for e, (dest, _) in self._moving.items() if dest == wid]:
             self._moving[env] = (-1, self._moving[env][1])  # was moving into the dead worker
             env_ids.append(env)
+        if not env_ids and self.started:  # it hosted nothing, nothing was on its way in: nothing lost, nothing restarts
+            if self._targets:
+                self._plan()  # moves planned into it go to the workers left
+                self.try_moves()
+            return
         if self.restarts_left > 0 and env_ids and self.started and not self.closing and self.on_restart is not None:
             self.restarts_left -= 1
             self.restarts += 1

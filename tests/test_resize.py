@@ -262,3 +262,69 @@ def test_a_resize_while_envs_move_sends_them_where_the_last_one_planned(clean, l
     outs = asyncio.run(main())
     assert_clean(clean)
     assert_equals_sync(outs, seed=11, action_seed=4)
+
+
+def test_a_worker_that_dies_hosting_no_envs_costs_nothing(clean, monkeypatch) -> None:
+    """A worker taken back from the park hosts nothing until envs reach their episode boundaries; killed before
+    then, nothing was lost: no error, no restart, and the moves planned into it go to the workers left."""
+    monkeypatch.setattr(aiovec.pool, "PARK_S", 30.0)
+
+    async def main() -> list:
+        outs: list = []
+        async with aiovec.make("CartPole-v1", 6, num_workers=2, controller=None) as venv:
+            await venv.reset(seed=9)
+            rng = np.random.default_rng(6)
+            await venv.resize(1)
+            await _step_until_settled(venv, rng, outs)
+            while True:  # mid-episode everywhere: nothing may move at once
+                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 6))
+                outs.append((obs, rew, te, tr))
+                if not (te | tr).any():
+                    break
+            before = _worker_pids(venv)
+            await venv.resize(2)
+            (empty,) = _worker_pids(venv) - before
+            assert venv.num_workers == 2 and sorted(w["envs"] for w in venv.stats()["workers"]) == [0, 6]
+            os.kill(empty, signal.SIGKILL)
+            await asyncio.sleep(0.5)
+            await _step_until_settled(venv, rng, outs)
+            for _ in range(10):
+                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 6))
+                outs.append((obs, rew, te, tr))
+            assert venv.num_workers == 1 and _worker_pids(venv) == before
+            assert venv.stats()["restarts"] == 0
+        return outs
+
+    outs = asyncio.run(main())
+    assert_clean(clean)
+    assert_equals_sync(outs, seed=9, action_seed=6)
+
+
+def test_a_parked_worker_that_died_unreported_is_not_taken_back(clean, monkeypatch) -> None:
+    """A parked worker killed just before a grow, its death not yet seen by the event loop: the grow starts a
+    new process instead of sending envs to the dead one (they would have been lost or restarted)."""
+    monkeypatch.setattr(aiovec.pool, "PARK_S", 30.0)
+
+    async def main() -> list:
+        outs: list = []
+        async with aiovec.make("CartPole-v1", 6, num_workers=2, controller=None) as venv:
+            await venv.reset(seed=13)
+            rng = np.random.default_rng(8)
+            two = _worker_pids(venv)
+            await venv.resize(1)
+            await _step_until_settled(venv, rng, outs)
+            (parked,) = two - _worker_pids(venv)
+            os.kill(parked, signal.SIGKILL)
+            time.sleep(0.2)  # dead, and the event loop has not run since
+            await venv.resize(2)
+            assert parked not in _worker_pids(venv) and venv.num_workers == 2
+            await _step_until_settled(venv, rng, outs)
+            for _ in range(10):
+                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 6))
+                outs.append((obs, rew, te, tr))
+            assert venv.stats()["restarts"] == 0 and len(_worker_pids(venv)) == 2
+        return outs
+
+    outs = asyncio.run(main())
+    assert_clean(clean)
+    assert_equals_sync(outs, seed=13, action_seed=8)

@@ -256,7 +256,7 @@ class ProcessWorker(WorkerHandle):
     # -- lifetime -----------------------------------------------------------------------
     @property
     def alive(self) -> bool:
-        return not self._exited
+        return not self._exited and not self._eof  # its end closed: dead or dying, the exit report on its way
 
     def _serve_done_threadsafe(self, fut: Future) -> None:
         try:
