@@ -39,7 +39,8 @@ class _Pending(NamedTuple):
 
 
 class _Worker:
-    __slots__ = ("handle", "kind", "envs", "pending", "ready", "spin_s", "membership", "shard_step", "step_s", "recycled", "_shard")
+    __slots__ = ("handle", "kind", "envs", "pending", "ready", "spin_s", "membership", "shard_step", "step_s", "recycled",
+                 "parked_steps", "_shard")
 
     def __init__(self, handle: WorkerHandle, kind: str, spin_s: float, shard_step: bool = True) -> None:
         self.handle = handle
@@ -52,6 +53,7 @@ class _Worker:
         self.membership = 0  # ADD/REMOVE commands not yet answered: the worker's env set is uncertain
         self.step_s: float | None = None  # how long its step commands take in the worker (moving average)
         self.recycled = False  # replaced for being old or fat: stopped once empty, never parked
+        self.parked_steps = 0  # env steps before its parks (its stats restart at each return): its age for recycle_steps
         self._shard: np.ndarray | None = None
 
     @property
@@ -548,7 +550,7 @@ class WorkerPool:
             if wid in self._retiring or not w.envs or w.kind == "inline":
                 continue
             ws = self.stats.worker(wid)
-            old = self.recycle_steps is not None and ws.steps >= self.recycle_steps
+            old = self.recycle_steps is not None and ws.steps + w.parked_steps >= self.recycle_steps
             fat = self.recycle_rss_mb is not None and ws.pid is not None and _rss_mb(ws.pid) > self.recycle_rss_mb
             if old or fat:
                 self.replace(wid)
@@ -579,6 +581,7 @@ class WorkerPool:
                 self._retiring.discard(wid)
                 del self.workers[wid]
                 self._placement_changed(None)
+                w.parked_steps += self.stats.worker(wid).steps
                 self.stats.retire(wid)
                 if w.kind == "inline" or w.recycled or self.closing or not w.handle.alive:
                     self._stop(w)

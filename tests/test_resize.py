@@ -328,3 +328,34 @@ def test_a_parked_worker_that_died_unreported_is_not_taken_back(clean, monkeypat
     outs = asyncio.run(main())
     assert_clean(clean)
     assert_equals_sync(outs, seed=13, action_seed=8)
+
+
+def test_a_worker_taken_back_from_the_park_keeps_its_age_for_recycle_steps(clean, monkeypatch) -> None:
+    """recycle_steps counts a worker's env steps over its life: a park and a return do not make it young again."""
+    monkeypatch.setattr(aiovec.pool, "PARK_S", 30.0)
+
+    async def main() -> list:
+        outs: list = []
+        async with aiovec.make("CartPole-v1", 4, num_workers=2, controller=None, recycle_steps=400) as venv:
+            await venv.reset(seed=21)
+            rng = np.random.default_rng(10)
+            for _ in range(150):  # each worker: 2 envs x 150 = 300 steps, under the limit
+                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 4))
+                outs.append((obs, rew, te, tr))
+            assert venv.stats()["recycled"] == 0
+            two = _worker_pids(venv)
+            await venv.resize(1)
+            await _step_until_settled(venv, rng, outs)
+            (parked,) = two - _worker_pids(venv)
+            await venv.resize(2)
+            assert parked in _worker_pids(venv)
+            for _ in range(100):  # 200 more steps on it: 500 in its life
+                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 4))
+                outs.append((obs, rew, te, tr))
+            await _step_until_settled(venv, rng, outs)
+            assert parked not in _worker_pids(venv), venv.stats()["workers"]
+        return outs
+
+    outs = asyncio.run(main())
+    assert_clean(clean)
+    assert_equals_sync(outs, seed=21, action_seed=10)
