@@ -156,6 +156,12 @@ def _batchable(kind: type) -> bool:
     return kind in _SCALARS or issubclass(kind, np.number)
 
 
+@functools.lru_cache(maxsize=256)
+def _record_schema(keys: tuple, types: tuple[type, ...]) -> bool:
+    """Whether infos of these keys and value types can travel as records (decided once per schema)."""
+    return all(map(_batchable, types)) and all(type(k) is str and k for k in keys)
+
+
 def pack_infos(infos: list[dict | None]) -> InfoRecords | list[dict | None]:
     """One reply's infos (aligned with its env ids) as records when every env returned the same
     string keys with numbers of the same type per key; else as they are."""
@@ -168,7 +174,7 @@ def pack_infos(infos: list[dict | None]) -> InfoRecords | list[dict | None]:
         if not info or info.keys() != keys or tuple(map(type, info.values())) != types:
             return infos
     keys = tuple(keys)
-    if not all(map(_batchable, types)) or not all(type(k) is str and k for k in keys):
+    if not _record_schema(keys, types):
         return infos
     data = np.array([tuple(info.values()) for info in infos], record_dtype(keys, types)).tobytes()
     return InfoRecords(keys, types, len(infos), data)
