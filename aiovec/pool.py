@@ -76,7 +76,7 @@ controller that tries fewer processes and finds them worse moves back within a f
 
 POLL_S = 250e-6
 """The longest the parent busy-polls for step replies that are due (:meth:`WorkerPool.poll_replies`); it holds
-the event loop meanwhile, as one slice of in-process stepping does (``backends.inline.SLICE_S``)."""
+the event loop meanwhile, less than one slice of in-process stepping does (``backends.inline.SLICE_S``)."""
 
 
 def worker_kinds(placement: str, num_workers: int, num_envs: int) -> dict[str, int]:

@@ -80,8 +80,8 @@ def test_inline_large_batch_yields_between_slices(run_uv, clean) -> None:
             await wait(venv.reset(seed=0))
             with Ticker() as side:
                 before = side.ticks
-                await wait(venv.step(np.zeros(16, dtype=np.int64)))  # 16 x 0.2 ms: >= 12 slices of 0.25 ms
-                assert side.ticks - before >= 8, f"only {side.ticks - before} turns for the other task"
+                await wait(venv.step(np.zeros(16, dtype=np.int64)))  # 16 x 0.2 ms: >= 8 slices of <= 0.45 ms
+                assert side.ticks - before >= 6, f"only {side.ticks - before} turns for the other task"
 
     run_uv(main())
     assert_clean(clean)
