@@ -475,6 +475,9 @@ class WorkerPool:
 
     def _plan(self) -> None:
         active = sorted(w for w in self.workers if w not in self._retiring)
+        if not active:  # every worker retiring or gone (a replacement died before hosting): nothing to aim for yet
+            self._targets = {}
+            return
         quota = dict(zip(active, (len(s) for s in split_envs(self.num_envs, len(active))), strict=True))
         kept = dict.fromkeys(active, 0)
         overflow = []
@@ -515,7 +518,8 @@ class WorkerPool:
             return
         if reply.errors:  # not at a boundary after all: stay, and retry later (where a resize since planned, if one did)
             self.loc[env] = src
-            self._targets.setdefault(env, dest)
+            if dest >= 0:
+                self._targets.setdefault(env, dest)
             target = src
         else:
             if w is not None:
@@ -730,13 +734,15 @@ class WorkerPool:
         # Reap it now (a long run with many restarts must not accumulate dead workers).
         self._reap(w.handle)
         self._retiring.discard(wid)
-        for env in [e for e, (dest, _) in self._moving.items() if dest == wid]:
-            self._moving[env] = (-1, self._moving[env][1])  # was moving into the dead worker
-            env_ids.append(env)
-        if not env_ids and self.started:  # it hosted nothing, nothing was on its way in: nothing lost, nothing restarts
-            if self._targets:
-                self._plan()  # moves planned into it go to the workers left
-                self.try_moves()
+        # Envs on their way into it lose nothing: their state is still on its way out of the source, in the
+        # reply to REMOVE, and lands where the plan of the workers left says (or back on the source).
+        inbound = [e for e, (dest, _) in self._moving.items() if dest == wid]
+        for env in inbound:
+            self._moving[env] = (-1, self._moving[env][1])
+        if inbound or self._targets:
+            self._plan()  # moves planned into it go to the workers left
+        if not env_ids and self.started:  # it hosted nothing: nothing lost, nothing restarts
+            self.try_moves()
             return
         if self.restarts_left > 0 and env_ids and self.started and not self.closing and self.on_restart is not None:
             self.restarts_left -= 1

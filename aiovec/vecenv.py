@@ -292,7 +292,10 @@ class AsyncVecEnv:
             return _Probe(obs_space, act_space, dict(getattr(probe, "metadata", {}) or {}), getattr(probe, "render_mode", None),
                           getattr(probe, "spec", None), build_s, cost)
         finally:
-            probe.close()
+            try:
+                probe.close()
+            except Exception:  # the probe is a throwaway copy: what it told stands (workers' copies close alike)
+                pass
 
     def _probed(self) -> _Probe:
         if self._probe is None:

@@ -478,8 +478,8 @@ class EnvHost:
             self.shard.remove(i)
             try:
                 slot.env.close()
-            except Exception as exc:
-                errors.append(_describe(i, exc))
+            except Exception:  # its state left with the reply: a failing close of the copy left behind moves nothing back
+                pass
         return states
 
     def close(self) -> None:

@@ -359,3 +359,74 @@ def test_a_worker_taken_back_from_the_park_keeps_its_age_for_recycle_steps(clean
     outs = asyncio.run(main())
     assert_clean(clean)
     assert_equals_sync(outs, seed=21, action_seed=10)
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1])
+def test_envs_on_their_way_into_a_worker_that_dies_lose_nothing(clean, max_restarts: int) -> None:
+    """A grow sends REMOVE to the source (stopped here, so the replies wait); the new worker dies before the envs
+    arrive. Their state is still in the replies: they land back on the source, no error, no restart, and every
+    transition is SyncVectorEnv's (they were counted lost, and a reply arriving later found no move to finish)."""
+
+    async def main() -> list:
+        outs: list = []
+        async with aiovec.make("CartPole-v1", 6, num_workers=1, controller=None, max_restarts=max_restarts) as venv:
+            await venv.reset(seed=17)
+            rng = np.random.default_rng(12)
+            (src,) = _worker_pids(venv)
+            os.kill(src, signal.SIGSTOP)
+            try:
+                await venv.resize(2)
+                assert venv.pending_moves
+                (new,) = _worker_pids(venv) - {src}
+                os.kill(new, signal.SIGKILL)
+                for _ in range(50):  # until the event loop has seen it die
+                    await asyncio.sleep(0.02)
+                    if new not in _worker_pids(venv):
+                        break
+            finally:
+                os.kill(src, signal.SIGCONT)
+            await _step_until_settled(venv, rng, outs)
+            for _ in range(10):
+                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 6))
+                outs.append((obs, rew, te, tr))
+            assert _worker_pids(venv) == {src} and venv.stats()["restarts"] == 0
+        return outs
+
+    outs = asyncio.run(main())
+    assert_clean(clean)
+    assert_equals_sync(outs, seed=17, action_seed=12)
+
+
+def _cartpole_whose_close_raises() -> gym.Env:
+    env = gym.make("CartPole-v1")
+
+    def close() -> None:
+        raise RuntimeError("close failed")
+
+    env.close = close
+    return env
+
+
+def test_an_env_whose_close_raises_still_moves(clean) -> None:
+    """Moving an env closes the copy it leaves behind; a close that raises must not keep the env on a worker that no
+    longer hosts it (its stale row came back as a new transition on every step, an explicit step killed the worker)."""
+
+    async def main() -> list:
+        outs: list = []
+        async with aiovec.AsyncVecEnv([_cartpole_whose_close_raises] * 6, num_workers=1, controller=None) as venv:
+            await venv.reset(seed=19)
+            rng = np.random.default_rng(14)
+            await venv.resize(2)
+            await _step_until_settled(venv, rng, outs)
+            for _ in range(30):
+                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 6))
+                outs.append((obs, rew, te, tr))
+            assert sorted(w["envs"] for w in venv.stats()["workers"]) == [3, 3]
+            venv.send(rng.integers(0, 2, 2), env_ids=[0, 5])  # explicit ids: each on its own worker
+            res = await venv.recv(2)
+            assert sorted(res.env_ids.tolist()) == [0, 5]
+        return outs
+
+    outs = asyncio.run(main())
+    assert_clean(clean)
+    assert_equals_sync(outs, seed=19, action_seed=14)
