@@ -22,7 +22,7 @@ import numpy as np
 
 from . import protocol as P
 from .backends.base import Backend, WorkerHandle
-from .errors import EnvError, WorkerCrashedError, describe_exit
+from .errors import ClosedError, EnvError, WorkerCrashedError, describe_exit
 from .stats import Stats
 
 ReplyHandler = Callable[[int, tuple[Any, ...] | None, BaseException | None], None]
@@ -245,11 +245,26 @@ class WorkerPool:
         # of its own, started after the gather above: close() returns only once that one is done too.
         while pending := [t for t in self._stopping if not t.done()]:
             await asyncio.gather(*pending, return_exceptions=True)
+        self._fail_outstanding(ClosedError("the vector env was closed before this command was answered"))
         for wid in list(self.workers):
             self.stats.retire(wid)
         self.workers.clear()
         for backend in self.backends.values():
             backend.close()
+
+    def _fail_outstanding(self, err: BaseException) -> None:
+        """End every command still unanswered (a worker killed after the grace period may leave no exit report, an
+        inline worker's queue is dropped), and those waiting behind a move: whoever awaits them gets ``err``."""
+        for wid, w in list(self.workers.items()):
+            pending, w.pending = list(w.pending), deque()
+            for p in pending:
+                if p.handler is not None:
+                    p.handler(wid, None, err)
+        for env in list(self._moving):
+            dest, deferred = self._moving.pop(env)
+            for _build, handler in deferred:
+                if handler is not None:
+                    handler(dest, None, err)
 
     def kill_all(self) -> None:
         for w in [*self.workers.values(), *(w for w, _ in self._parked.values())]:
@@ -550,6 +565,8 @@ class WorkerPool:
             self.on_lost(err)
 
     def _check_recycle(self) -> None:
+        if self.closing:  # a replacement started now would outlive close()
+            return
         for wid, w in list(self.workers.items()):
             if wid in self._retiring or not w.envs or w.kind == "inline":
                 continue

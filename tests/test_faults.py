@@ -378,6 +378,26 @@ def test_a_step_cancelled_after_stepping_in_this_process_leaves_its_results_for_
     run(main())
 
 
+@pytest.mark.parametrize("placement", ["process", "inline"])
+def test_a_call_pending_when_the_vector_env_closes_ends_with_an_error(run, clean, placement: str) -> None:
+    """close() stops a worker stuck in a hung call (killed after close_timeout, or dropped in-process); the task
+    awaiting that call must end with an error, not wait forever."""
+
+    async def main() -> None:
+        venv = aiovec.make("aiovec/Fault-v0", 2, num_workers=1, placement=placement, controller=None, close_timeout=0.5,
+                           fault="hang", hang_s=3.0)
+        await wait(venv.reset(seed=0))
+        task = asyncio.ensure_future(venv.call("inject"))
+        await asyncio.sleep(0.2)
+        await wait(venv.close())
+        with pytest.raises((aiovec.errors.ClosedError, WorkerCrashedError)):
+            await wait(task)
+
+    run(main())
+    if placement == "process":
+        assert_clean(clean)
+
+
 def test_cancelled_step_leaves_results_for_recv(run, clean) -> None:
     fns = [functools.partial(gym.make, "aiovec/Sleep-v0", wait_ms=300.0, obs_dim=4) for _ in range(N)]
     ref_fns = [functools.partial(gym.make, "aiovec/Sleep-v0", wait_ms=0.0, obs_dim=4) for _ in range(N)]
