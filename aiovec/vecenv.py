@@ -107,7 +107,9 @@ class AsyncVecEnv:
         close_timeout: grace period for workers to exit on ``close()`` before they are killed.
         controller: decides the worker count at run time (default with ``num_workers="auto"``:
             :class:`~aiovec.MeasuredController`, which also turns ``env_threads`` and the inline
-            rung; with an int: none, the count stays).
+            rung; with an int: none, the count stays). A controller that raises (or a resize it asked for
+            that fails) ends adaptation at the configuration of the moment; the next ``step()``/``recv()``
+            raises that error once.
         max_restarts: how many worker deaths to survive (budget over the vector env's life).
             A new worker takes over the dead one's envs; each interrupted episode comes back
             as ``truncated=True`` with ``infos["worker_restarted"]``, and the env continues
@@ -274,6 +276,7 @@ class AsyncVecEnv:
         self.controller = controller if controller is not None else (MeasuredController() if tunable else None)
         self._control: ControlLoop | None = None
         self._control_task: asyncio.Task | None = None
+        self._control_error: BaseException | None = None  # what ended the control loop, raised once by step()/recv()
 
     # -- what env 0 tells -----------------------------------------------------------------
     def _probe_env0(self) -> _Probe:
@@ -416,6 +419,7 @@ class AsyncVecEnv:
             if self.controller is not None:
                 self._control = ControlLoop(self, self.controller)
                 self._control_task = loop.create_task(self._control.run())
+                self._control_task.add_done_callback(self._control_ended)
             self._starting.set_result(None)
         except BaseException as exc:
             self._starting.set_exception(exc)
@@ -671,6 +675,19 @@ class AsyncVecEnv:
         self._stepped(self._all, infos, errors)
         return False
 
+    def _control_ended(self, task: asyncio.Task) -> None:
+        """The control loop stopped before close(): a controller that raised, or a resize that failed (a new worker
+        that could not start). Adaptation ends there, at the current configuration; the next ``step()``/``recv()``
+        raises the error once, on entry (nothing in flight is disturbed), so it is seen rather than lost in a task
+        nobody awaits."""
+        if task.cancelled() or self._closed:
+            return
+        self._control_error = task.exception()
+
+    def _raise_control_error(self) -> None:
+        err, self._control_error = self._control_error, None
+        raise err  # type: ignore[misc]
+
     def _requeue_in_turn(self, batch: int) -> None:
         """A ``step()`` cancelled at its checkpoint after stepping in turn: the envs have moved on, so the batch
         waits for ``recv()`` as a worker's results would (READY, still in the buffers), unless another task has
@@ -706,6 +723,8 @@ class AsyncVecEnv:
         """
         k = self.batch_size if batch_size is None else _positive_int(batch_size, "batch_size")
         self._check_started()
+        if self._control_error is not None:
+            self._raise_control_error()
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         table, yielded = self._table, False
         while True:
@@ -767,6 +786,8 @@ class AsyncVecEnv:
             self._check_started()
         if table.in_flight or table.num_ready:
             raise EnvStateError("step() needs every env idle, but some have steps in flight or unreceived results: recv()/drain() them first")
+        if self._control_error is not None:
+            self._raise_control_error()
         if table.settled and self._flat_actions and not self._disabled:  # _put_actions' case of idle envs, flat actions
             self._views.actions[:] = self._check_actions(actions, self.num_envs)
         else:

@@ -255,3 +255,35 @@ def test_static_controller() -> None:
     m = simulate(2, cpus=2, t_cpu=1e-3, t_wait=0.0, t_main=2e-5, num_envs=8)
     assert StaticController(3).decide(m).target == 3
     assert math.isfinite(m.runq_share)
+
+
+class _Raises:
+    """A controller with a bug: its third decision raises."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def decide(self, m: aiovec.Measurement) -> aiovec.Decision:
+        self.calls += 1
+        if self.calls == 3:
+            raise RuntimeError("controller bug")
+        return aiovec.Decision(m.num_workers, "hold")
+
+
+@pytest.mark.parametrize("placement", ["auto", "process"])
+def test_a_controller_that_raises_is_reported_once_and_stepping_goes_on(placement: str) -> None:
+    """The control loop is a task nobody awaits: its failure must reach the caller (the next step() raises it,
+    once), not vanish until close(); the envs step on at the configuration of the moment."""
+
+    async def main() -> None:
+        async with aiovec.make("CartPole-v1", 4, num_workers="auto", placement=placement, controller=_Raises()) as venv:
+            await venv.reset(seed=0)
+            acts = np.zeros(4, dtype=np.int64)
+            with pytest.raises(RuntimeError, match="controller bug"):
+                for _ in range(1_000_000):
+                    await venv.step(acts)
+            for _ in range(5):
+                obs, *_ = await venv.step(acts)
+            assert obs.shape == (4, 4)
+
+    asyncio.run(asyncio.wait_for(main(), 120))
