@@ -750,6 +750,7 @@ class WorkerPool:
                 p.handler(wid, None, err)
         # Reap it now (a long run with many restarts must not accumulate dead workers).
         self._reap(w.handle)
+        retiring = wid in self._retiring
         self._retiring.discard(wid)
         # Envs on their way into it lose nothing: their state is still on its way out of the source, in the
         # reply to REMOVE, and lands where the plan of the workers left says (or back on the source).
@@ -771,7 +772,7 @@ class WorkerPool:
             for env in env_ids:
                 self._moving.setdefault(env, (-1, []))
             self.on_restart(err)
-            self._loop.call_later(self._backoff, self._respawn, sorted(env_ids), w.kind)
+            self._loop.call_later(self._backoff, self._respawn, sorted(env_ids), w.kind, retiring)
         else:
             for env in env_ids:
                 if env in self._moving:
@@ -780,10 +781,13 @@ class WorkerPool:
                             handler(wid, None, err)
             self.on_lost(err)
 
-    def _respawn(self, env_ids: list[int], kind: str) -> None:
+    def _respawn(self, env_ids: list[int], kind: str, retiring: bool = False) -> None:
+        """A new worker for a dead one's envs; retiring too where the dead one was (a shrink stays a shrink)."""
         if self.closing:
             return
         wid = self._spawn(kind)
+        if retiring:
+            self._retiring.add(wid)
         for env in env_ids:
             _, deferred = self._moving.pop(env, (-1, []))
             fut = self._add_env(wid, env, self.restart_state(env))

@@ -580,6 +580,9 @@ class AsyncVecEnv:
         )
         await done
         if errors:
+            for err in errors:  # reported here: not again by the next step()/recv()
+                if err in self._errors:
+                    self._errors.remove(err)
             raise errors[0]
         obs = take(self._views.obs, slice(None))
         if self._delivered is not None:

@@ -139,3 +139,29 @@ def test_idle_kill_without_restarts_raises_once_then_refuses_lost_envs(run_uv, c
 
     run_uv(main())
     assert_clean(clean)
+
+
+def test_a_crash_that_reset_raised_is_not_raised_again(run_uv, clean) -> None:
+    """A worker killed with a reset of its envs in flight: reset() raises the crash, and that report is the only
+    one (the same error came again from the next recv(), though the survivors' results were fine)."""
+
+    async def main() -> None:
+        async with aiovec.make("CartPole-v1", N, num_workers=2, controller=None) as venv:
+            await wait(venv.reset(seed=0))
+            wid, worker = next((wid, w) for wid, w in sorted(venv._pool.workers.items()) if w.kind == "process")
+            pid = next(w["pid"] for w in venv.stats()["workers"] if w["worker_id"] == wid)
+            envs = sorted(worker.envs)
+            survivors = [i for i in range(N) if i not in envs]
+            os.kill(pid, signal.SIGSTOP)  # the reset waits in its socket
+            task = asyncio.ensure_future(venv.reset(seed=1))
+            await asyncio.sleep(0.05)
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(WorkerCrashedError) as info:
+                await wait(task)
+            assert sorted(info.value.env_ids) == envs
+            venv.send(np.zeros(len(survivors), dtype=np.int64), env_ids=survivors)
+            r = await wait(venv.recv(len(survivors)))
+            assert sorted(r.env_ids.tolist()) == survivors
+
+    run_uv(main())
+    assert_clean(clean)

@@ -430,3 +430,32 @@ def test_an_env_whose_close_raises_still_moves(clean) -> None:
     outs = asyncio.run(main())
     assert_clean(clean)
     assert_equals_sync(outs, seed=19, action_seed=14)
+
+
+def test_a_retiring_worker_that_dies_is_replaced_by_a_retiring_one(clean) -> None:
+    """A shrink waits for the envs of the worker it retires to reach their episode boundaries; that worker dies
+    meanwhile (restarts allowed): its replacement retires too, so the shrink still ends at the count asked for."""
+
+    async def main() -> None:
+        async with aiovec.make("CartPole-v1", 6, num_workers=2, controller=None, max_restarts=1) as venv:
+            await venv.reset(seed=23)
+            rng = np.random.default_rng(16)
+            while True:  # mid-episode everywhere: nothing may move at once
+                *_, te, tr, _ = await venv.step(rng.integers(0, 2, 6))
+                if not (te | tr).any():
+                    break
+            two = _worker_pids(venv)
+            await venv.resize(1)
+            assert venv.pending_moves
+            retiring = next(wid for wid in venv._pool._retiring)
+            pid = next(w["pid"] for w in venv.stats()["workers"] if w["worker_id"] == retiring)
+            os.kill(pid, signal.SIGKILL)
+            for _ in range(400):
+                await venv.step(rng.integers(0, 2, 6))
+                if venv.stats()["restarts"] and not venv.pending_moves and venv.num_workers == 1:
+                    break
+            assert venv.stats()["restarts"] == 1
+            assert venv.num_workers == 1 and len(_worker_pids(venv)) == 1 and _worker_pids(venv) < two, venv.stats()["workers"]
+
+    asyncio.run(main())
+    assert_clean(clean)
