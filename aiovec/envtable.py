@@ -330,12 +330,14 @@ class EnvTable:
         if self.debug:
             self.check()
 
-    def worker_restarted(self, ids: list[int]) -> list[int]:
+    def worker_restarted(self, ids: list[int], ended: frozenset[int] = frozenset()) -> list[int]:
         """A worker died and a new one takes over ``ids``.
 
         STEPPING -> READY (returned: the caller writes their truncation into the buffers),
         RESETTING -> BROKEN (the reset is lost; resetting again is allowed), IDLE/READY ->
-        flagged restarted (their next send truncates instead of stepping).
+        flagged restarted (their next send truncates instead of stepping), except those in ``ended``:
+        their last result ended the episode and their next step starts a new one anyway (the caller
+        knows which autoreset mode makes it so), so no episode is cut.
         """
         self._unsettle()
         synthesized = []
@@ -351,7 +353,7 @@ class EnvTable:
                 synthesized.append(i)
             elif st == RESETTING:
                 self.state[i] = BROKEN
-            elif st in (IDLE, READY) and not self.restarted[i]:
+            elif st in (IDLE, READY) and not self.restarted[i] and i not in ended:
                 self.restarted[i] = True
                 self.num_restarted += 1
         if not self.in_flight and self._busy_since and synthesized:

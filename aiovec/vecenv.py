@@ -1029,7 +1029,11 @@ class AsyncVecEnv:
         v.truncations[i] = True  # obs stays the last one delivered: do not bootstrap across it
 
     def _on_worker_restarted(self, err: WorkerCrashedError) -> None:
-        for i in self._table.worker_restarted(list(err.env_ids)):
+        ended: frozenset[int] = frozenset()
+        if self.autoreset_mode == AutoresetMode.NEXT_STEP:  # an env whose last row ended its episode steps into a reset row
+            v = self._views
+            ended = frozenset(i for i in err.env_ids if v.terminations[i] or v.truncations[i])
+        for i in self._table.worker_restarted(list(err.env_ids), ended):
             self._write_truncation(i)
         self._notify()
 

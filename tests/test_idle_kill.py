@@ -165,3 +165,30 @@ def test_a_crash_that_reset_raised_is_not_raised_again(run_uv, clean) -> None:
 
     run_uv(main())
     assert_clean(clean)
+
+
+def test_an_idle_kill_after_an_episode_ended_cuts_no_episode(run_uv, clean) -> None:
+    """NEXT_STEP: an env whose last row ended its episode steps into a reset row next. Its worker killed in between
+    (restarts allowed), that is still what comes: a reset row (reward 0, no flags), not a truncation of an episode
+    that had already ended (an extra zero-length episode)."""
+
+    async def main() -> None:
+        async with aiovec.make("CartPole-v1", N, num_workers=2, controller=None, max_restarts=1) as venv:
+            await wait(venv.reset(seed=0))
+            wid = next(wid for wid, w in sorted(venv._pool.workers.items()) if w.kind == "process")
+            mine = sorted(venv._pool.workers[wid].envs)
+            for _ in range(500):  # push left until one of that worker's envs terminates
+                _, _, te, tr, _ = await wait(venv.step(np.zeros(N, dtype=np.int64)))
+                if (te | tr)[mine].any():
+                    break
+            ended = [i for i in mine if te[i] or tr[i]]
+            assert ended
+            await _kill_idle_worker(venv)
+            obs, rew, te, tr, infos = await wait(venv.step(np.zeros(N, dtype=np.int64)))
+            for i in ended:
+                assert not te[i] and not tr[i] and rew[i] == 0.0, (i, te[i], tr[i], rew[i])
+            _, rew, *_ = await wait(venv.step(np.zeros(N, dtype=np.int64)))
+            assert all(rew[i] == 1.0 for i in ended)
+
+    run_uv(main())
+    assert_clean(clean)
