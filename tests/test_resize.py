@@ -6,6 +6,8 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -146,6 +148,20 @@ async def _step_until_settled(venv: aiovec.AsyncVecEnv, rng: np.random.Generator
     raise AssertionError("moves never finished")
 
 
+async def _step_n(venv: aiovec.AsyncVecEnv, rng: np.random.Generator, outs: list, k: int) -> None:
+    """Lock-step ``k`` batches of random actions, recording each result."""
+    for _ in range(k):
+        obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, venv.num_envs))
+        outs.append((obs, rew, te, tr))
+
+
+def _assert_run_equals_sync(main: Callable[[], Awaitable[list]], clean: Any, seed: int, action_seed: int) -> None:
+    """Run ``main`` (it returns the lock-step results it recorded), check nothing leaked, compare with SyncVectorEnv."""
+    outs = asyncio.run(main())
+    assert_clean(clean)
+    assert_equals_sync(outs, seed=seed, action_seed=action_seed)
+
+
 def test_a_grow_soon_after_a_shrink_takes_the_parked_worker_back(clean, monkeypatch) -> None:
     """A shrink parks the emptied worker process (alive, idle, not counted); a grow within PARK_S takes that
     same process back instead of starting one, and sends it the settings of now; trajectories are unchanged."""
@@ -226,14 +242,10 @@ def test_a_look_at_inline_and_back_to_hybrid_keeps_the_worker_process(clean, mon
             await venv.resize(2, placement="hybrid")
             await _step_until_settled(venv, rng, outs)
             assert venv.placement == "hybrid" and _worker_pids(venv) == before
-            for _ in range(20):
-                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 6))
-                outs.append((obs, rew, te, tr))
+            await _step_n(venv, rng, outs, 20)
         return outs
 
-    outs = asyncio.run(main())
-    assert_clean(clean)
-    assert_equals_sync(outs, seed=5, action_seed=2)
+    _assert_run_equals_sync(main, clean, seed=5, action_seed=2)
 
 
 @pytest.mark.parametrize("last", [1, 2])
@@ -252,16 +264,12 @@ def test_a_resize_while_envs_move_sends_them_where_the_last_one_planned(clean, l
             assert venv.pending_moves  # envs are on their way into the new worker
             await venv.resize(last)
             await _step_until_settled(venv, rng, outs)
-            for _ in range(5):
-                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 8))
-                outs.append((obs, rew, te, tr))
+            await _step_n(venv, rng, outs, 5)
             assert venv.num_workers == last and len(_worker_pids(venv)) == last, venv.stats()["workers"]
             assert sorted(w["envs"] for w in venv.stats()["workers"]) == [8 // last] * last
         return outs
 
-    outs = asyncio.run(main())
-    assert_clean(clean)
-    assert_equals_sync(outs, seed=11, action_seed=4)
+    _assert_run_equals_sync(main, clean, seed=11, action_seed=4)
 
 
 def test_a_worker_that_dies_hosting_no_envs_costs_nothing(clean, monkeypatch) -> None:
@@ -288,16 +296,12 @@ def test_a_worker_that_dies_hosting_no_envs_costs_nothing(clean, monkeypatch) ->
             os.kill(empty, signal.SIGKILL)
             await asyncio.sleep(0.5)
             await _step_until_settled(venv, rng, outs)
-            for _ in range(10):
-                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 6))
-                outs.append((obs, rew, te, tr))
+            await _step_n(venv, rng, outs, 10)
             assert venv.num_workers == 1 and _worker_pids(venv) == before
             assert venv.stats()["restarts"] == 0
         return outs
 
-    outs = asyncio.run(main())
-    assert_clean(clean)
-    assert_equals_sync(outs, seed=9, action_seed=6)
+    _assert_run_equals_sync(main, clean, seed=9, action_seed=6)
 
 
 def test_a_parked_worker_that_died_unreported_is_not_taken_back(clean, monkeypatch) -> None:
@@ -319,15 +323,11 @@ def test_a_parked_worker_that_died_unreported_is_not_taken_back(clean, monkeypat
             await venv.resize(2)
             assert parked not in _worker_pids(venv) and venv.num_workers == 2
             await _step_until_settled(venv, rng, outs)
-            for _ in range(10):
-                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 6))
-                outs.append((obs, rew, te, tr))
+            await _step_n(venv, rng, outs, 10)
             assert venv.stats()["restarts"] == 0 and len(_worker_pids(venv)) == 2
         return outs
 
-    outs = asyncio.run(main())
-    assert_clean(clean)
-    assert_equals_sync(outs, seed=13, action_seed=8)
+    _assert_run_equals_sync(main, clean, seed=13, action_seed=8)
 
 
 def test_a_worker_taken_back_from_the_park_keeps_its_age_for_recycle_steps(clean, monkeypatch) -> None:
@@ -339,9 +339,7 @@ def test_a_worker_taken_back_from_the_park_keeps_its_age_for_recycle_steps(clean
         async with aiovec.make("CartPole-v1", 4, num_workers=2, controller=None, recycle_steps=400) as venv:
             await venv.reset(seed=21)
             rng = np.random.default_rng(10)
-            for _ in range(150):  # each worker: 2 envs x 150 = 300 steps, under the limit
-                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 4))
-                outs.append((obs, rew, te, tr))
+            await _step_n(venv, rng, outs, 150)  # each worker: 2 envs x 150 = 300 steps, under the limit
             assert venv.stats()["recycled"] == 0
             two = _worker_pids(venv)
             await venv.resize(1)
@@ -349,16 +347,12 @@ def test_a_worker_taken_back_from_the_park_keeps_its_age_for_recycle_steps(clean
             (parked,) = two - _worker_pids(venv)
             await venv.resize(2)
             assert parked in _worker_pids(venv)
-            for _ in range(100):  # 200 more steps on it: 500 in its life
-                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 4))
-                outs.append((obs, rew, te, tr))
+            await _step_n(venv, rng, outs, 100)  # 200 more steps on it: 500 in its life
             await _step_until_settled(venv, rng, outs)
             assert parked not in _worker_pids(venv), venv.stats()["workers"]
         return outs
 
-    outs = asyncio.run(main())
-    assert_clean(clean)
-    assert_equals_sync(outs, seed=21, action_seed=10)
+    _assert_run_equals_sync(main, clean, seed=21, action_seed=10)
 
 
 @pytest.mark.parametrize("max_restarts", [0, 1])
@@ -386,15 +380,11 @@ def test_envs_on_their_way_into_a_worker_that_dies_lose_nothing(clean, max_resta
             finally:
                 os.kill(src, signal.SIGCONT)
             await _step_until_settled(venv, rng, outs)
-            for _ in range(10):
-                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 6))
-                outs.append((obs, rew, te, tr))
+            await _step_n(venv, rng, outs, 10)
             assert _worker_pids(venv) == {src} and venv.stats()["restarts"] == 0
         return outs
 
-    outs = asyncio.run(main())
-    assert_clean(clean)
-    assert_equals_sync(outs, seed=17, action_seed=12)
+    _assert_run_equals_sync(main, clean, seed=17, action_seed=12)
 
 
 def _cartpole_whose_close_raises() -> gym.Env:
@@ -418,18 +408,14 @@ def test_an_env_whose_close_raises_still_moves(clean) -> None:
             rng = np.random.default_rng(14)
             await venv.resize(2)
             await _step_until_settled(venv, rng, outs)
-            for _ in range(30):
-                obs, rew, te, tr, _ = await venv.step(rng.integers(0, 2, 6))
-                outs.append((obs, rew, te, tr))
+            await _step_n(venv, rng, outs, 30)
             assert sorted(w["envs"] for w in venv.stats()["workers"]) == [3, 3]
             venv.send(rng.integers(0, 2, 2), env_ids=[0, 5])  # explicit ids: each on its own worker
             res = await venv.recv(2)
             assert sorted(res.env_ids.tolist()) == [0, 5]
         return outs
 
-    outs = asyncio.run(main())
-    assert_clean(clean)
-    assert_equals_sync(outs, seed=19, action_seed=14)
+    _assert_run_equals_sync(main, clean, seed=19, action_seed=14)
 
 
 def test_a_retiring_worker_that_dies_is_replaced_by_a_retiring_one(clean) -> None:
