@@ -640,3 +640,40 @@ def test_never_closed_env_does_not_outlive_its_loop(loop_name: str, clean) -> No
     pids = run_on(loop_name, main())
     gc.collect()
     assert wait_pids_gone(pids, 5.0) == [], "workers of an unreferenced, unclosed env keep running"
+
+
+def _fault_env_marking_close(i: int, marks: str) -> gym.Env:
+    """A hanging FaultEnv whose close() leaves a file ``marks/closed-i`` (factories are pickled: a file, not a list)."""
+    env = gym.make("aiovec/Fault-v0", fault="hang", hang_s=0.6)
+    inner_close = env.close
+
+    def close() -> None:
+        Path(marks, f"closed-{i}").touch()
+        inner_close()
+
+    env.close = close
+    return env
+
+
+def test_inline_envs_busy_in_a_helper_thread_at_close_are_closed_when_it_ends(run, clean, tmp_path: Path) -> None:
+    """close() cannot interrupt an inline env's command running in a helper thread (a hung in-process env cannot
+    be killed); once that command ends, the thread closes the envs (they were never closed)."""
+
+    async def main() -> None:
+        fns = [functools.partial(_fault_env_marking_close, i, str(tmp_path)) for i in range(2)]
+        venv = aiovec.AsyncVecEnv(fns, num_workers=1, placement="inline", controller=None, close_timeout=0.1)
+        await wait(venv.reset(seed=0))
+        for f in tmp_path.iterdir():  # env 0's probe copy
+            f.unlink()
+        task = asyncio.ensure_future(venv.call("inject"))
+        await asyncio.sleep(0.1)
+        await wait(venv.close())
+        with pytest.raises(aiovec.errors.ClosedError):
+            await wait(task)
+        for _ in range(100):
+            if len(list(tmp_path.iterdir())) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert sorted(f.name for f in tmp_path.iterdir()) == ["closed-0", "closed-1"]
+
+    run(main())

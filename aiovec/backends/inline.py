@@ -196,12 +196,22 @@ class InlineWorker(WorkerHandle):
 
     def _run_in_thread(self, msg: Any) -> None:
         self._busy = True
-        fut = in_thread(self._host.handle, msg)
+        fut = in_thread(self._handle, msg)
         fut.add_done_callback(lambda f, msg=msg: self._thread_done(msg, f))
+
+    def _handle(self, msg: Any) -> Any:
+        """A command in the helper thread. A worker stopped or killed meanwhile left its envs to this thread, the
+        only one using them: they are closed here (the event loop may be gone by the time the thread ends)."""
+        try:
+            return self._host.handle(msg)
+        finally:
+            if self._exited:
+                self._host.close()
 
     def _thread_done(self, msg: Any, fut: asyncio.Future) -> None:
         self._busy = False
         if self._exited:
+            self._host.close()  # stopped while the thread ran (the thread may have looked just before)
             return
         exc = fut.exception()
         if exc is not None:  # a bug in the host itself, not an env error: the worker is gone
@@ -224,7 +234,8 @@ class InlineWorker(WorkerHandle):
             return
         self._exited = True
         self._queue.clear()
-        self._host.close()
+        if not self._busy:  # else the helper thread still uses the envs: it closes them when done
+            self._host.close()
         if not self._closed.done():
             self._closed.set_result(None)
         self._on_exit(None, tb)
