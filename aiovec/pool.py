@@ -256,15 +256,10 @@ class WorkerPool:
         """End every command still unanswered (a worker killed after the grace period may leave no exit report, an
         inline worker's queue is dropped), and those waiting behind a move: whoever awaits them gets ``err``."""
         for wid, w in list(self.workers.items()):
-            pending, w.pending = list(w.pending), deque()
-            for p in pending:
-                if p.handler is not None:
-                    p.handler(wid, None, err)
+            _fail_pending(wid, w, err)
         for env in list(self._moving):
             dest, deferred = self._moving.pop(env)
-            for _build, handler in deferred:
-                if handler is not None:
-                    handler(dest, None, err)
+            _fail_deferred(dest, deferred, err)
 
     def kill_all(self) -> None:
         for w in [*self.workers.values(), *(w for w, _ in self._parked.values())]:
@@ -527,9 +522,7 @@ class WorkerPool:
         if w is not None:
             w.membership -= 1
         if error is not None:
-            for _build, handler in deferred:
-                if handler is not None:
-                    handler(src, None, error)
+            _fail_deferred(src, deferred, error)
             return
         if reply.errors:  # not at a boundary after all: stay, and retry later (where a resize since planned, if one did)
             self.loc[env] = src
@@ -744,10 +737,7 @@ class WorkerPool:
                      "the main module under the forkserver and spawn start methods)")
         err = WorkerCrashedError(wid, env_ids, exitcode, tb, cause)
         self.stats.retire(wid)
-        pending, w.pending = list(w.pending), deque()
-        for p in pending:
-            if p.handler is not None:
-                p.handler(wid, None, err)
+        _fail_pending(wid, w, err)
         # Reap it now (a long run with many restarts must not accumulate dead workers).
         self._reap(w.handle)
         retiring = wid in self._retiring
@@ -776,9 +766,7 @@ class WorkerPool:
         else:
             for env in env_ids:
                 if env in self._moving:
-                    for _build, handler in self._moving.pop(env)[1]:
-                        if handler is not None:
-                            handler(wid, None, err)
+                    _fail_deferred(wid, self._moving.pop(env)[1], err)
             self.on_lost(err)
 
     def _respawn(self, env_ids: list[int], kind: str, retiring: bool = False) -> None:
@@ -796,6 +784,21 @@ class WorkerPool:
                 self._send(wid, build([env]), handler, np.array([env]))
         if self._targets or self._retiring:
             self._plan()
+
+
+def _fail_pending(wid: int, w: _Worker, err: BaseException) -> None:
+    """End a worker's unanswered commands with ``err`` (it died, or the pool closed without its replies)."""
+    pending, w.pending = list(w.pending), deque()
+    for p in pending:
+        if p.handler is not None:
+            p.handler(wid, None, err)
+
+
+def _fail_deferred(wid: int, deferred: list, err: BaseException) -> None:
+    """End the commands that waited for a move that will not happen."""
+    for _build, handler in deferred:
+        if handler is not None:
+            handler(wid, None, err)
 
 
 def _rss_mb(pid: int) -> float:

@@ -580,9 +580,8 @@ class AsyncVecEnv:
         )
         await done
         if errors:
-            for err in errors:  # reported here: not again by the next step()/recv()
-                if err in self._errors:
-                    self._errors.remove(err)
+            for err in errors:
+                self._reported(err)
             raise errors[0]
         obs = take(self._views.obs, slice(None))
         if self._delivered is not None:
@@ -1097,9 +1096,13 @@ class AsyncVecEnv:
         try:
             self._table.require(ids, allowed, what)
         except WorkerCrashedError as err:
-            if err in self._errors:
-                self._errors.remove(err)
+            self._reported(err)
             raise
+
+    def _reported(self, err: BaseException) -> None:
+        """``err`` is raised by the call at hand: not again by the next ``step()``/``recv()``."""
+        if err in self._errors:
+            self._errors.remove(err)
 
     def _check_open(self) -> None:
         if self._closed:
