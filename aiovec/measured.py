@@ -19,7 +19,8 @@ controller records the measured steps/s of the configuration that ran, and:
    (:func:`~aiovec.costmodel.predict`) scaled by how far the model was off at the current one.
    Near-ties (``prefer``) go to fewer processes, then fewer threads; among predictions, a tie is judged on the
    model's own figures, so an exploration bonus never makes a costlier configuration the one probed.
-3. **Moves** when the best candidate beats the current measurement by ``gain``; moves to
+3. **Moves** when the best candidate beats the current measurement by ``gain`` (``move_gain`` for a prediction
+   of more processes: see :data:`MOVE_GAIN`); moves to
    configurations never measured are probes, limited to ``probes`` per env regime (``process_probes`` of
    them to another process count or placement, none once the env returns to a cost it had). Records are from other moments: where the current
    configuration measures below its own earlier record (a slower host), the others' are scaled down alike,
@@ -91,6 +92,15 @@ def infer_costs(m: Measurement) -> Costs:
     return costs_from(cpu, step, m.main_cpu_per_step, "process")
 
 
+MOVE_GAIN = 0.12
+"""What a move to more processes (or from inline to hybrid) on the model's word must promise, above ``gain``. In one
+run of ``python -m aiovec.bench controller`` (2 CPUs) all 9 such probes (stragglers 2 -> 4 processes, latency 3 -> 4,
+the cost change 3 -> 4 and 4 -> 5) promised +5.6% to +17% and measured 0.84-0.96x of their promise, no better
+than the configuration they left: all were reverted, each after ~4 control intervals of envs in motion and as many
+back (stragglers settled after 15 intervals). Moves to fewer processes keep ``gain``: a tie there saves processes,
+and the model under-rates some (8 -> 2 processes for 8 CPU-bound envs: +6% predicted, +17% measured)."""
+
+
 class MeasuredController:
     """Processes, threads per process and the in-process rungs (inline, hybrid), chosen by measured throughput (see
     module doc).
@@ -113,6 +123,7 @@ class MeasuredController:
         min_demand: float = 0.5,
         confirm: int = 2,
         gain: float = 0.05,
+        move_gain: float = MOVE_GAIN,
         revert: float = 0.04,
         prefer: float = 0.03,
         memory: int = 80,
@@ -129,6 +140,7 @@ class MeasuredController:
         self.min_demand, self.confirm, self.gain, self.revert, self.prefer = min_demand, confirm, gain, revert, prefer
         self.memory, self.probes, self.max_settling_skips, self.cost_change = memory, probes, max_settling_skips, cost_change
         self.process_probes = process_probes  # of ``probes``, those that move envs (each costs ~4 intervals)
+        self.move_gain = move_gain  # what a move to more processes on the model's word must promise (see MOVE_GAIN)
         self.spread = spread  # intervals of one visit further apart than this (max / min - 1) call for more
         self.explore = explore  # bonus of an unmeasured neighbour where envs wait: measured, not only predicted
         self.records: dict[Config, _Record] = {}
@@ -346,8 +358,9 @@ class MeasuredController:
         elif measured:  # more resources on the strength of another moment's record: beyond both one's scatter too
             spread = _scatter(self._visit[-6:]) + _scatter(list(self.records[best].samples))
             need = here * (1 + max(self.gain, min(MAX_SCATTER, spread)))
-        else:  # a prediction must promise a gain: every move costs intervals (and process moves, episodes)
-            need = here * (1 + self.gain)
+        else:  # a prediction must promise a gain: every move costs intervals, and one that moves envs costs episodes
+            costlier = _moves_envs(best, cur) and _resources(best) > _resources(cur) and best != rung
+            need = here * (1 + (self.move_gain if costlier else self.gain))
         if score < need and not force:
             return None
         if not measured:

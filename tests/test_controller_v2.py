@@ -120,7 +120,7 @@ def test_a_costlier_move_must_gain_more_than_its_intervals_scatter() -> None:
     rate = predict(start, Costs(100e-6, 2e-3, 20e-6), 16, 2)
 
     def run(b_rates: list[float]) -> list[Decision]:
-        ctrl, c = MeasuredController(), start
+        ctrl, c = MeasuredController(move_gain=0.05), start  # the model's promise here is below the default bar
         for _ in range(8):  # at the start until the model proposes a costlier neighbour
             d = ctrl.decide(interval(c, rate=rate, **env))
             if d.target != c.processes:
@@ -133,6 +133,19 @@ def test_a_costlier_move_must_gain_more_than_its_intervals_scatter() -> None:
     assert noisy[-1].target == start.processes and "revert" in noisy[-1].reason, [d.reason for d in noisy]
     steady = run([1.04 * rate, 1.04 * rate])
     assert all("revert" not in d.reason for d in steady), [d.reason for d in steady]
+
+
+def test_more_processes_on_the_models_word_must_promise_more_than_a_thread_change() -> None:
+    """A probe to more processes moves envs for episodes and, in the controller benchmark, measured 0.84-0.96x of
+    what the model promised (all 9 were reverted): the model's +5-12% does not start one, where the same promise
+    from a change of threads (instant) would."""
+    env = {"n": 16, "t_cpu": 100e-6, "t_wait": 2e-3}
+    start = Config("process", 4, 4)
+    rate = predict(start, Costs(100e-6, 2e-3, 20e-6), 16, 2)
+    default = follow(MeasuredController(), start, 12, lambda c: rate, **env)
+    assert all(c.processes <= start.processes for c in default), [c.label for c in default]
+    low_bar = follow(MeasuredController(move_gain=0.05), start, 12, lambda c: rate, **env)
+    assert any(c.processes > start.processes for c in low_bar), [c.label for c in low_bar]
 
 
 def _probe_to_fewer_processes(ctrl: MeasuredController, env: dict) -> tuple[Config, Config]:
@@ -358,14 +371,17 @@ def test_a_command_to_a_worker_is_priced_at_the_hosts_pace() -> None:
     """The model's cost of a command to a worker process moves with the host's interpreter pace: on a slow host
     (pace 8 us: ~90 us a command) 8 CartPole-like envs (16 us a step) stay inline, where the fixed 40 us once
     started a process for them every run, to measure it 15-40% slower and revert; on a fast host (pace 2 us) the
-    model still rates hybrid higher, and measures it."""
+    model still rates hybrid higher, and measures it; with no pace (a v1 trace) the fixed figure rates hybrid too
+    close to inline to start a process for it (see ``measured.MOVE_GAIN``)."""
     env = {"n": 8, "t_cpu": 16e-6, "t_wait": 0.0, "inline_ok": True}
     slow = follow(MeasuredController(), Config.inline(), 12, **env, pace_s=8e-6)
     assert set(slow) == {Config.inline()}, [c.label for c in slow]
     fast = follow(MeasuredController(), Config.inline(), 12, **env, pace_s=2e-6)
     assert Config.hybrid(2) in fast, [c.label for c in fast]
     unknown = follow(MeasuredController(), Config.inline(), 12, **env)  # no pace (a v1 trace): the fixed figure
-    assert Config.hybrid(2) in unknown, [c.label for c in unknown]
+    assert set(unknown) == {Config.inline()}, [c.label for c in unknown]
+    low_bar = follow(MeasuredController(move_gain=0.05), Config.inline(), 12, **env)
+    assert Config.hybrid(2) in low_bar, [c.label for c in low_bar]
 
 
 def test_a_step_cost_near_the_loop_hold_limit_does_not_flip_the_placement() -> None:
