@@ -94,11 +94,13 @@ def infer_costs(m: Measurement) -> Costs:
 
 MOVE_GAIN = 0.12
 """What a move to more processes (or from inline to hybrid) on the model's word must promise, above ``gain``. In one
-run of ``python -m aiovec.bench controller`` (2 CPUs) all 9 such probes (stragglers 2 -> 4 processes, latency 3 -> 4,
-the cost change 3 -> 4 and 4 -> 5) promised +5.6% to +17% and measured 0.84-0.96x of their promise, no better
-than the configuration they left: all were reverted, each after ~4 control intervals of envs in motion and as many
-back (stragglers settled after 15 intervals). Moves to fewer processes keep ``gain``: a tie there saves processes,
-and the model under-rates some (8 -> 2 processes for 8 CPU-bound envs: +6% predicted, +17% measured)."""
+run of ``python -m aiovec.bench controller`` (2 CPUs) 10 such probes promised +5% to +17% and measured 0.84-1.0x of
+their promise: 7 were no better than where they came from and were reverted, each after ~4 control intervals of
+envs in motion and as many back; 1 was still measuring when the run ended (stragglers, 4 s in: it would have
+settled after 15 intervals); 2 were kept, at +5% and +7%. Of the 5 that promised under 12%, 3 were reverted or
+unjudged, and 1 was kept (wait24, 4 -> 5 processes, +7%). Moves to fewer processes keep ``gain``: a tie there
+saves processes, and the model under-rates some (8 -> 2 processes for 8 CPU-bound envs: +6% predicted, +17%
+measured); so do changes of threads (instant, no envs move)."""
 
 
 class MeasuredController:

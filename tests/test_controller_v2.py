@@ -136,9 +136,9 @@ def test_a_costlier_move_must_gain_more_than_its_intervals_scatter() -> None:
 
 
 def test_more_processes_on_the_models_word_must_promise_more_than_a_thread_change() -> None:
-    """A probe to more processes moves envs for episodes and, in the controller benchmark, measured 0.84-0.96x of
-    what the model promised (all 9 were reverted): the model's +5-12% does not start one, where the same promise
-    from a change of threads (instant) would."""
+    """A probe to more processes moves envs for episodes and, in the controller benchmark, measured 0.84-1.0x of
+    what the model promised (7 of 10 reverted): the model's +5-12% does not start one, where the same promise from a
+    change of threads (instant) would."""
     env = {"n": 16, "t_cpu": 100e-6, "t_wait": 2e-3}
     start = Config("process", 4, 4)
     rate = predict(start, Costs(100e-6, 2e-3, 20e-6), 16, 2)
