@@ -62,7 +62,7 @@ class VectorEnv(gym.vector.VectorEnv):
             self._loop = uvloop.new_event_loop()
         else:
             self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="aiovec-loop", daemon=True)
+        self._thread = threading.Thread(target=_serve, args=(self._loop,), name="aiovec-loop", daemon=True)
         self._thread.start()
         self.num_envs = venv.num_envs
         self.single_observation_space = venv.single_observation_space
@@ -217,11 +217,40 @@ class VectorEnv(gym.vector.VectorEnv):
             self._loop.close()
 
     def __del__(self) -> None:
-        if not getattr(self, "closed", True):
-            try:
+        if getattr(self, "closed", True):
+            return
+        try:
+            if threading.current_thread() is self._thread:
+                self._close_from_loop_thread()
+            else:
                 self.close()
-            except Exception:
-                pass
+        except Exception:
+            pass
+
+    def _close_from_loop_thread(self) -> None:
+        """Collected on its own loop's thread (the garbage collector breaking a reference cycle runs wherever an
+        allocation triggers it, and that thread allocates all the time): waiting there for the loop would wait
+        forever. The close runs as a task of the loop instead, which then stops, and its thread closes it."""
+        self.closed = True
+        loop, venv = self._loop, self._venv
+
+        async def close_then_stop() -> None:
+            try:
+                await venv.close()
+            finally:
+                loop.stop()
+
+        loop.create_task(close_then_stop())
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """The facade's loop thread: run the loop until stopped; a loop stopped from within (see
+    ``VectorEnv._close_from_loop_thread``) is closed here, since no other thread will."""
+    loop.run_forever()
+    if not loop.is_closed() and not loop.is_running():
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        if not pending:
+            loop.close()
 
 
 def make_vec(env_id: str, num_envs: int, **kwargs: Any) -> VectorEnv:

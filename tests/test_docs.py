@@ -60,6 +60,18 @@ def test_public_name_has_an_example_that_runs(module, name, clean):
     assert_clean(clean)  # an example leaves no worker, thread or shared memory behind
 
 
+INTERNAL = ["aiovec.configs", "aiovec.costmodel", "aiovec.measured"]  # pure modules whose docstrings show worked figures
+
+
+@pytest.mark.parametrize("module", INTERNAL)
+def test_internal_modules_examples_run(module):
+    """The worked figures in the controller's own modules (the cost model, the candidate configurations, the start
+    plan) are examples too: a change of rule that changes them must change the docs with it."""
+    failures, tries, report = _run_doctests(importlib.import_module(module), module, module)
+    assert tries > 0, f"{module} has no examples: drop it from INTERNAL"
+    assert failures == 0, report
+
+
 @pytest.mark.parametrize("cls", list(METHODS_WITH_EXAMPLES), ids=lambda c: c.__name__)
 def test_main_methods_have_examples(cls):
     missing = [m for m in METHODS_WITH_EXAMPLES[cls] if ">>>" not in (getattr(cls, m).__doc__ or "")]

@@ -186,3 +186,29 @@ def test_env_threads_overlap_waiting_envs_and_keep_results() -> None:
     for x, y in zip(a, b, strict=True):
         for p, q in zip(x[:4], y[:4], strict=True):
             np.testing.assert_array_equal(p, q)
+
+
+def test_a_facade_collected_on_its_own_loop_thread_closes_there_without_waiting_on_itself(clean):
+    """The garbage collector breaks a reference cycle on whichever thread's allocation triggers it, the facade's
+    loop thread included. ``__del__`` there must not wait for its own loop (it would wait forever, and every
+    later use of that loop with it): the close runs on the loop, which then stops and is closed by its thread."""
+    import gc
+
+    envs = aiovec.make_vec("CartPole-v1", 2, num_workers=1, placement="process")
+    envs.reset(seed=0)
+    loop, thread = envs._loop, envs._thread
+    cycle: list = [envs]
+    cycle.append(cycle)
+    gc.disable()  # only the collection below, on the loop thread, may break the cycle
+    try:
+        del envs, cycle
+
+        async def collect() -> int:
+            return gc.collect()
+
+        assert asyncio.run_coroutine_threadsafe(collect(), loop).result(timeout=10) > 0
+        thread.join(timeout=10)
+    finally:
+        gc.enable()
+    assert not thread.is_alive() and loop.is_closed()
+    assert_clean(clean)
