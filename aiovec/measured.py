@@ -465,26 +465,17 @@ def inline_fits(costs: Costs, staying: bool = False) -> bool:
     return costs.cpu_s + costs.wait_s <= limit and costs.waiting_share <= 0.5
 
 
-START_BAND = 0.05
-"""How close to the model's top a start may be rated and still be taken for having fewer processes: the model
-cannot rank thread counts closer than that. 64 envs waiting 5 ms, probed at 85-114 us of CPU a step: the model
-rated 16p x 4t 3-6% above 8p x 8t, which measured 9% faster in the controller benchmark's static sweep (8,310
-against 7,594 steps/s, medians of 3 interleaved rounds); a start at 16 processes cost the controller its one
-process move of the regime on the step down to 8. Another interleaved sweep of the same env: 4p x 16t 7.9k,
-8p x 8t 7.9k, 16p x 4t 7.7k, 2p x 32t 7.1k."""
-
-
 def plan_start(num_envs: int, cpu_s: float, wall_s: float, cpus: float, workers: int, max_threads: int = 32) -> tuple[int, int]:
     """Processes and threads per process to start envs of this probed cost with, ``(workers, threads)``.
 
     Envs that mostly wait: the configuration the cost model rates best (the fewest processes, then
-    threads, within :data:`START_BAND` of the top; lock-step efficient counts only, at most a quarter of the envs or one
+    threads, within 1% of the top; lock-step efficient counts only, at most a quarter of the envs or one
     per core as processes), which the controller then measures. Other envs: ``workers`` (one per core at most) with one thread.
 
     >>> plan_start(48, 1e-3, 11e-3, 2, 2)   # 1 ms CPU + 10 ms waiting: the GIL of 2 processes would bind
     (4, 6)
     >>> plan_start(64, 20e-6, 5e-3, 2, 2)   # nearly pure waiting: threads, few processes, even shards
-    (4, 16)
+    (8, 8)
     >>> plan_start(8, 1e-3, 1e-3, 2, 2)
     (2, 1)
     """
@@ -500,7 +491,7 @@ def plan_start(num_envs: int, cpu_s: float, wall_s: float, cpus: float, workers:
     rated = [(predict(c, costs, num_envs, cpus), c) for c in cands]
     top = max(x for x, _ in rated)
     # a guess before any measurement: near the top, even shards first (see configs.uneven), then the fewest resources
-    best = min((c for x, c in rated if x >= (1 - START_BAND) * top), key=lambda c: (uneven(c, num_envs), _resources(c)))
+    best = min((c for x, c in rated if x >= 0.99 * top), key=lambda c: (uneven(c, num_envs), _resources(c)))
     return best.processes, best.threads
 
 
