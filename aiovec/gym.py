@@ -247,7 +247,7 @@ def _serve(loop: asyncio.AbstractEventLoop) -> None:
     """The facade's loop thread: run the loop until stopped; a loop stopped from within (see
     ``VectorEnv._close_from_loop_thread``) is closed here, since no other thread will."""
     loop.run_forever()
-    if not loop.is_closed() and not loop.is_running():
+    if not loop.is_closed():
         pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
         if not pending:
             loop.close()

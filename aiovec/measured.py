@@ -215,7 +215,7 @@ class MeasuredController:
                 best = max(self._visit[-6:])
                 # Hybrid to inline gives up the second CPU, which hybrid gets whenever the host frees it, and doubles
                 # the loop's hold: inline must measure better, not only as well (see ``_other_rung``).
-                bar = 1 + self.gain if (base.placement, cur.placement) == ("hybrid", "inline") else 1 - self.revert
+                bar = 1 + self.gain if _gives_up_the_worker(base, cur) else 1 - self.revert
                 worse = best < before_best * bar
                 why = f"{cur.label} at best {best:,.0f} steps/s, {base.label} {before_best:,.0f} before it"
             if worse and base in self._allowed(m):
@@ -353,7 +353,7 @@ class MeasuredController:
             return None
         if not measured and not top_measured:
             score = max(score, top)  # the model's promise is the top's: the cheapest of what it cannot tell apart is measured
-        if (cur.placement, best.placement) == ("hybrid", "inline") and measured:
+        if _gives_up_the_worker(cur, best) and measured:
             need = here * (1 + self.gain)  # giving up the second CPU must pay (see _other_rung)
         elif _resources(best) < _resources(cur) and measured:
             need = here * (1 - self.prefer)  # fewer resources: a measured near-tie will do
@@ -523,6 +523,12 @@ def _moves_envs(a: Config, b: Config) -> bool:
     """Whether going between two configurations moves envs (another process count or placement: episodes of mixed
     placement, process starts), unlike a change of threads, which is instant."""
     return a.processes != b.processes or a.placement != b.placement
+
+
+def _gives_up_the_worker(a: Config, b: Config) -> bool:
+    """Whether going from ``a`` to ``b`` is hybrid to inline: the second CPU given up, the loop held for the whole
+    batch (such a move must measure better by ``gain``, see ``MeasuredController._other_rung``)."""
+    return a.placement == "hybrid" and b.placement == "inline"
 
 
 def _resources(c: Config) -> tuple[int, int]:
