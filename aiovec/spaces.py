@@ -117,6 +117,17 @@ def _validate_leaf(space: spaces.Space, actions: Any, n: int, path: str) -> np.n
             raise InvalidActionError(f"{path}: expected numeric actions for {space}, got dtype {arr.dtype}")
         if kind == "f" and space.dtype.kind in "iu":
             raise InvalidActionError(f"{path}: expected integer actions for {space}, got dtype {arr.dtype}")
+        if not np.can_cast(arr.dtype, space.dtype):
+            # Bounds are the env's business (policies' Gaussian actions exceed them, envs clip), but a value the
+            # buffer's dtype cannot hold would reach the env wrapped around (300 as uint8: 44) or as inf.
+            info = np.iinfo(space.dtype) if space.dtype.kind in "iu" else np.finfo(space.dtype)
+            bad = (arr < info.min) | (arr > info.max)
+            if kind == "f":
+                bad &= np.isfinite(arr)
+            if bad.any():
+                row = int(np.argwhere(bad)[0][0])
+                raise InvalidActionError(f"{path}: action {arr[row].tolist()} at position {row} does not fit "
+                                         f"{space.dtype} ({space}): it would reach the env changed")
         return arr
     if kind not in "biu":
         raise InvalidActionError(f"{path}: expected integer actions for {space}, got dtype {arr.dtype}")

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -270,6 +270,7 @@ class AsyncVecEnv:
         self._stats = Stats()
         self._starting: asyncio.Future | None = None
         self._closed = False
+        self._close_done: asyncio.Future[None] | None = None  # set when the first close() has finished
         self._all = np.arange(n)
         self._explicit_controller = controller
         tunable = num_workers == "auto" and placement != "inline"  # inline: one worker, nothing to tune
@@ -490,20 +491,27 @@ class AsyncVecEnv:
         (True, 0)
         """
         if self._closed:
+            done = self._close_done
+            if done is not None and not done.done() and done.get_loop() is asyncio.get_running_loop():
+                await asyncio.shield(done)  # a close in progress in another task: return when it has finished
             return
         self._closed = True
-        self._notify()
-        if self._control_task is not None:
-            self._control_task.cancel()
-            await asyncio.gather(self._control_task, return_exceptions=True)
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
+        self._close_done = asyncio.get_running_loop().create_future()
         try:
-            await pool.close(self.close_timeout)
-        except BaseException:
-            pool.kill_all()  # cancelled or failed mid-close: leave nothing running
-            raise
+            self._notify()
+            if self._control_task is not None:
+                self._control_task.cancel()
+                await asyncio.gather(self._control_task, return_exceptions=True)
+            pool, self._pool = self._pool, None
+            if pool is None:
+                return
+            try:
+                await pool.close(self.close_timeout)
+            except BaseException:
+                pool.kill_all()  # cancelled or failed mid-close: leave nothing running
+                raise
+        finally:
+            self._close_done.set_result(None)
         # No gc.collect() here (it can hold the loop for long in a big application): each worker's
         # stop() drops the executor, its thread and its process, which hold the queues' semaphores.
 
@@ -544,6 +552,8 @@ class AsyncVecEnv:
         await self.start()
         n, table = self.num_envs, self._table
         seeds = _normalize_seeds(seed, n)
+        if options is not None and not isinstance(options, Mapping):
+            raise ConfigError(f"options must be a dict or None, got {type(options).__name__}")
         options = dict(options) if options else None
         ids = self._all
         if options is not None and "reset_mask" in options:
@@ -727,7 +737,7 @@ class AsyncVecEnv:
         self._check_started()
         if self._control_error is not None:
             self._raise_control_error()
-        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + _seconds(timeout, "timeout")
         table, yielded = self._table, False
         while True:
             if self._errors:
@@ -759,6 +769,8 @@ class AsyncVecEnv:
         [0, 1, 2, 3]
         """
         self._check_started()
+        if timeout is not None:
+            _seconds(timeout, "timeout")
         out, table = [], self._table
         while table.in_flight or table.num_ready:
             out.append(await self.recv(table.in_flight + table.num_ready, timeout))
@@ -1114,12 +1126,16 @@ class AsyncVecEnv:
             raise EnvStateError("the vector env is not started: use `async with`, `await venv.start()` or `await venv.reset()` first")
 
     def _check_env_ids(self, env_ids: Any) -> np.ndarray:
-        ids = np.asarray(env_ids)
+        """The ids as a new int64 array (the caller may refill its own at once), or ``EnvStateError``."""
+        try:
+            ids = np.asarray(env_ids)
+        except ValueError:  # ragged
+            ids = np.empty(0)
         if ids.ndim == 0:
             ids = ids.reshape(1)
         if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
             raise EnvStateError(f"env_ids must be a non-empty 1-d sequence of ints, got {env_ids!r}")
-        ids = ids.astype(np.int64, copy=False)
+        ids = ids.astype(np.int64)  # a copy: the table and the pending commands keep these ids until the results arrive
         if ids.min() < 0 or ids.max() >= self.num_envs:
             raise EnvStateError(f"env_ids {ids.tolist()} out of range: this vector env has envs 0..{self.num_envs - 1}")
         if np.unique(ids).size != ids.size:
@@ -1146,15 +1162,34 @@ def _positive_int(value: Any, name: str) -> int:
     return int(value)
 
 
+def _seconds(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value >= 0:
+        raise ConfigError(f"{name} must be a number of seconds >= 0 or None, got {value!r}")
+    return float(value)
+
+
+def _is_seed(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) and x >= 0
+
+
 def _normalize_seeds(seed: Any, n: int) -> list[int | None]:
+    """One seed (an int >= 0, as gymnasium's ``reset`` takes it, or None) per env, or ``ConfigError``."""
     if seed is None:
         return [None] * n
-    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+    if _is_seed(seed):
         return [int(seed) + i for i in range(n)]
-    seeds = list(seed)
+    if isinstance(seed, (str, bytes, dict, float, bool, np.bool_, np.floating)):
+        raise ConfigError(f"seed must be None, an int >= 0 or one such seed per env, got {seed!r}")
+    try:
+        seeds = list(seed)
+    except TypeError:
+        raise ConfigError(f"seed must be None, an int >= 0 or one such seed per env, got {seed!r}") from None
     if len(seeds) != n:
         raise ConfigError(f"seed list has {len(seeds)} entries for {n} envs")
-    return seeds
+    for i, x in enumerate(seeds):
+        if x is not None and not _is_seed(x):
+            raise ConfigError(f"seed[{i}] must be None or an int >= 0, got {x!r}")
+    return [None if x is None else int(x) for x in seeds]
 
 
 def _check_reset_mask(mask: Any, n: int) -> np.ndarray:

@@ -54,6 +54,11 @@ class _RunQueueClock:
             return 0.0
         return int(os.pread(self._fd, 64, 0).split()[1]) * 1e-9
 
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
 
 class _Slot:
     __slots__ = ("env", "needs_reset", "done", "steps", "was_reset", "pre_reset_rng", "reset_args")
@@ -490,6 +495,7 @@ class EnvHost:
                 pass
         self.slots.clear()
         self.shard.clear()
+        self._runq.close()
         if self._threads is not None:
             self._threads.shutdown(wait=False)
 

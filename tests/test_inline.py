@@ -4,6 +4,7 @@ processes): same results as SyncVectorEnv, typed errors, moves every way."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import gymnasium as gym
 import numpy as np
@@ -270,3 +271,31 @@ def test_one_slow_step_does_not_move_the_slice_estimate_two_in_a_row_do() -> Non
     assert 10e-6 < cost.per_env_s < 40e-6
     cost.add(0.0, 0)  # nothing stepped: nothing learned
     assert 10e-6 < cost.per_env_s < 40e-6
+
+
+def _schedstat_fds() -> int:
+    fds = os.listdir("/proc/self/fd")
+    out = 0
+    for fd in fds:
+        try:
+            out += os.readlink(f"/proc/self/fd/{fd}").endswith("/schedstat")
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.parametrize("placement", ["inline", "hybrid"])
+def test_closing_an_env_stepped_in_this_process_closes_its_run_queue_clock(run_uv, clean, placement: str) -> None:
+    """Each in-process host reads this thread's schedstat through a file it opened: close() closes it."""
+    before = _schedstat_fds()
+
+    async def main() -> None:
+        for _ in range(3):
+            async with aiovec.make("CartPole-v1", 4, num_workers=1 if placement == "inline" else 2, placement=placement) as venv:
+                await wait(venv.reset(seed=0))
+                await wait(venv.step(np.zeros(4, dtype=np.int64)))
+                assert _schedstat_fds() > before  # the clock is open while the env runs here
+
+    run_uv(main())
+    assert _schedstat_fds() == before
+    assert_clean(clean)

@@ -15,7 +15,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import RefEnv, assert_clean, assert_tree_equal, wait
+from conftest import RefEnv, _live_children, assert_clean, assert_row_matches, assert_tree_equal, wait
 from gymnasium.vector import SyncVectorEnv
 
 import aiovec
@@ -515,3 +515,114 @@ def test_action_fast_path_checks_both_ends_of_a_discrete_space(n: int) -> None:
         bad[n // 2] = bad_value
         with pytest.raises(InvalidActionError, match=f"position {n // 2} is outside"):
             checker(bad, n)
+
+
+# -- what the caller hands over is the caller's -----------------------------------------------
+@pytest.mark.parametrize("placement", ["inline", "process", "hybrid"])
+def test_send_keeps_its_own_copy_of_the_env_ids(run_uv, clean, placement: str) -> None:
+    """A caller that refills its id array right after ``send`` (or reuses ``r.env_ids``) changes nothing sent."""
+    refs = [RefEnv(CARTPOLE, 5 + i) for i in range(4)]
+    workers = {"inline": 1, "process": 2, "hybrid": 2}[placement]
+
+    async def main() -> None:
+        async with AsyncVecEnv([CARTPOLE] * 4, num_workers=workers, placement=placement) as venv:
+            await wait(venv.reset(seed=5))
+            for ids_in, refill in (([0], [3]), ([1, 2], [0, 3])):
+                ids = np.array(ids_in)
+                venv.send(np.ones(len(ids), dtype=np.int64), env_ids=ids)
+                ids[:] = refill
+                r = await wait(venv.recv(len(ids_in)))
+                assert sorted(r.env_ids.tolist()) == ids_in
+                for k, i in enumerate(r.env_ids.tolist()):
+                    assert_row_matches(r, k, refs[i].step(1), f"env {i}")
+            assert_idle(venv)
+            await wait(venv.step(np.zeros(4, dtype=np.int64)))  # every env idle, none stuck stepping
+
+    run_uv(main())
+    assert_clean(clean)
+
+
+def test_a_second_close_returns_only_when_the_first_has_finished(run, clean) -> None:
+    slow = functools.partial(gym.make, "aiovec/Sleep-v0", wait_ms=3000.0, obs_dim=4)
+
+    async def main() -> None:
+        venv = AsyncVecEnv([slow] * 2, num_workers=2, close_timeout=0.5)
+        await wait(venv.reset(seed=0))
+        venv.send(np.zeros(2, dtype=np.int64))  # the workers are busy: the first close waits, then kills
+        first = asyncio.ensure_future(venv.close())
+        await asyncio.sleep(0)
+        await wait(venv.close())
+        assert first.done()
+        assert not [p for p in _live_children() if p.pid not in clean.pids]
+        await wait(first)
+
+    run(main())
+    assert_clean(clean)
+
+
+def test_bad_reset_seeds_and_options_are_refused_before_anything_is_sent(run_uv, clean) -> None:
+    async def main() -> None:
+        async with AsyncVecEnv([CARTPOLE] * N, num_workers=1) as venv:
+            obs, _ = await wait(venv.reset(seed=[np.int64(1), 2, None]))  # numpy ints and None are seeds too
+            for bad in ("abc", -5, True, 1.5, [1, 2.5, 3], [0, -1, 2], [True, 1, 2], {"a": 1}, object()):
+                with pytest.raises(ConfigError, match="seed"):
+                    await wait(venv.reset(seed=bad))
+                assert_idle(venv)
+            with pytest.raises(ConfigError, match="options"):
+                await wait(venv.reset(options=[1, 2]))
+            again, _ = await wait(venv.reset(seed=[1, 2, 3]))  # nothing broke: the envs reset as seeded
+            assert_tree_equal(again[:2], obs[:2])
+            venv.send(np.zeros(N, dtype=np.int64))
+            for bad in ("x", -1.0, True):
+                with pytest.raises(ConfigError, match="timeout"):
+                    await wait(venv.recv(timeout=bad))
+                with pytest.raises(ConfigError, match="timeout"):
+                    await wait(venv.drain(timeout=bad))
+            results = await wait(venv.drain())
+            assert sorted(i for r in results for i in r.env_ids.tolist()) == list(range(N))
+
+    run_uv(main())
+    assert_clean(clean)
+
+
+class _ByteActions(gym.Env):
+    """Actions a uint8 Box: the env sees exactly the value sent, or the test fails."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Box(0, 255, (2,), np.uint8)
+
+    def __init__(self) -> None:
+        self.seen: list[list[int]] = []
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.seen.append(np.asarray(action).tolist())
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("acts", [np.array([[300, 1], [0, 0]]), np.array([[0, -1], [0, 0]]), np.array([[1e300, 0], [0, 0]])],
+                         ids=["above_uint8", "below_uint8", "float_for_ints"])
+def test_box_actions_the_buffer_dtype_cannot_hold_are_refused_not_wrapped(run_uv, clean, acts: np.ndarray) -> None:
+    async def main() -> list[list[int]]:
+        async with AsyncVecEnv([_ByteActions] * 2, placement="inline") as venv:
+            await wait(venv.reset(seed=0))
+            with pytest.raises(InvalidActionError):
+                venv.send(acts)
+            assert_idle(venv)
+            await wait(venv.step(np.array([[255, 0], [7, 8]], dtype=np.int64)))  # in range: passed as it is
+            return await wait(venv.get_attr("seen"))
+
+    seen = run_uv(main())
+    assert list(seen) == [[[255, 0]], [[7, 8]]]
+    assert_clean(clean)
+
+
+def test_float_box_actions_beyond_the_buffer_dtype_are_refused() -> None:
+    space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    with pytest.raises(InvalidActionError, match="does not fit float32"):
+        aiovec.spaces.validate_actions(space, np.array([[0.0], [1e300]]), 2)
+    out = aiovec.spaces.validate_actions(space, np.array([[-5.0], [np.inf]]), 2)  # out of bounds, inf: the env's business
+    assert out.tolist() == [[-5.0], [np.inf]]
