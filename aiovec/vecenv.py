@@ -268,7 +268,7 @@ class AsyncVecEnv:
         self._views: Any = None
         self._delivered: Any = None
         self._stats = Stats()
-        self._starting: asyncio.Future | None = None
+        self._starting: asyncio.Future[bool] | None = None  # True once started; False: the starter was cancelled
         self._closed = False
         self._close_done: asyncio.Future[None] | None = None  # set when the first close() has finished
         self._all = np.arange(n)
@@ -384,7 +384,8 @@ class AsyncVecEnv:
         if self._pool is not None:
             return
         if self._starting is not None:
-            await asyncio.shield(self._starting)
+            if not await asyncio.shield(self._starting):  # the task that was starting it was cancelled: start here
+                await self.start()
             return
         loop = asyncio.get_running_loop()
         self._starting = loop.create_future()
@@ -421,10 +422,13 @@ class AsyncVecEnv:
                 self._control = ControlLoop(self, self.controller)
                 self._control_task = loop.create_task(self._control.run())
                 self._control_task.add_done_callback(self._control_ended)
-            self._starting.set_result(None)
+            self._starting.set_result(True)
         except BaseException as exc:
-            self._starting.set_exception(exc)
-            self._starting.exception()  # mark retrieved
+            if isinstance(exc, asyncio.CancelledError):
+                self._starting.set_result(False)  # the cancellation is this task's, not the other waiters'
+            else:
+                self._starting.set_exception(exc)
+                self._starting.exception()  # mark retrieved
             self._starting = None
             raise
 

@@ -626,3 +626,27 @@ def test_float_box_actions_beyond_the_buffer_dtype_are_refused() -> None:
         aiovec.spaces.validate_actions(space, np.array([[0.0], [1e300]]), 2)
     out = aiovec.spaces.validate_actions(space, np.array([[-5.0], [np.inf]]), 2)  # out of bounds, inf: the env's business
     assert out.tolist() == [[-5.0], [np.inf]]
+
+
+def test_a_cancelled_start_leaves_the_other_waiting_task_to_start_it(run, clean) -> None:
+    """Two tasks await ``start()``; the one doing the work is cancelled: the other is not, and starts the env."""
+
+    async def main() -> None:
+        venv = aiovec.make("aiovec/SlowStart-v0", 2, num_workers=1, start_s=0.3)
+        try:
+            first = asyncio.ensure_future(venv.start())
+            await asyncio.sleep(0.05)  # env 0 is being built in a helper thread
+            second = asyncio.ensure_future(venv.start())
+            await asyncio.sleep(0)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            await wait(second)  # not cancelled: it started the env itself
+            assert venv.num_workers == 1
+            obs, _ = await wait(venv.reset(seed=0))
+            assert obs.shape[0] == 2
+        finally:
+            await wait(venv.close())
+
+    run(main())
+    assert_clean(clean)
