@@ -23,7 +23,7 @@ from aiovec import Decision, MeasuredController, Measurement
 from aiovec.autoconf import INLINE_ENTER_S, INLINE_LEAVE_S
 from aiovec.configs import Config, efficient_counts
 from aiovec.costmodel import Costs, predict
-from aiovec.measured import config_of, inline_fits
+from aiovec.measured import MOVE_GAIN, config_of, inline_fits
 
 
 def interval(c: Config, n: int, t_cpu: float, t_wait: float, rate: float | None = None, cpus: float = 2, **extra) -> Measurement:
@@ -174,6 +174,19 @@ def test_a_move_back_to_more_processes_on_an_older_record_must_clear_both_scatte
     a, b = _probe_to_fewer_processes(ctrl, env)
     moved = [ctrl.decide(interval(b, rate=x, **env)) for x in (5000, 5000, 5000, 5000)]
     assert any((d.target, d.threads) == (a.processes, a.threads) for d in moved), [d.reason for d in moved]
+
+
+def test_more_processes_on_a_record_must_promise_what_a_prediction_must() -> None:
+    """Change scenario, one round: a record 5% above the current visit moved 24 waiting envs 4p x 6t -> 6p x 4t,
+    which measured lower, and back: 8 intervals of envs in motion. A record must clear ``move_gain`` to add
+    processes, as a prediction must; a clear gap still moves."""
+    env = {"n": 24, "t_cpu": 80e-6, "t_wait": 2.9e-3}
+    for move_gain, rates, moves in ((0.05, (5500,) * 4, True), (MOVE_GAIN, (5500,) * 4, False), (MOVE_GAIN, (5000,) * 4, True)):
+        ctrl = MeasuredController(move_gain=move_gain)
+        a, b = _probe_to_fewer_processes(ctrl, env)  # a (8p x 3t) recorded ~6,030 steps/s
+        ds = [ctrl.decide(interval(b, rate=x, **env)) for x in rates]
+        back = any((d.target, d.threads) == (a.processes, a.threads) for d in ds)
+        assert back == moves, (move_gain, rates, [d.reason for d in ds])
 
 
 def test_records_from_another_moment_are_scaled_by_the_drift_of_the_current_configuration() -> None:
