@@ -1,6 +1,7 @@
 """PPO on a MuJoCo task where processes matter: wall time for a fixed 200k env steps, same learning everywhere.
 
     python examples/ppo_mujoco.py                 # Hopper-v5, 3 seeds: aiovec x8 vs SyncVectorEnv x8 and x1 (~15 min on 2 cores)
+    python examples/ppo_mujoco.py --env-id HalfCheetah-v5   # the costlier task (~80 us a step; ~18 min)
     python examples/ppo_mujoco.py --quick         # smoke run: 1 seed, 8k steps, to a temp dir
 
 Every run is ``examples/ppo.py`` in a fresh process with observation/reward normalisation, a batch of
@@ -11,7 +12,8 @@ and the wall time is the comparison. aiovec runs with a fixed worker count, so t
 same work (a move now carries the normalisation wrappers' statistics, so the adaptive controller would
 keep the trajectories too, but its probes cost time that differs between runs).
 
-Writes ``results.json`` and ``table.md`` to ``--out``.
+Writes ``results.json`` and ``table.md`` to ``--out`` (default ``examples/results/ppo_mujoco/<env-id>/``, which
+``python -m aiovec.bench.readme`` renders into the README's block for that env).
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ def main() -> None:
     p.add_argument("--seeds", default="3", help="a count N (seeds 1..N) or a comma-separated list")
     p.add_argument("--steps", type=int, default=200_000, help="env steps per run")
     p.add_argument("--settings", default=",".join(DEFAULT), help=f"comma-separated, from {list(SETTINGS)}")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default: examples/results/ppo_mujoco; --quick: a temp dir)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: examples/results/ppo_mujoco/<env-id>; --quick: a temp dir)")
     p.add_argument("--quick", action="store_true", help="smoke run: seed 1, 8192 steps")
     p.add_argument("--render", action="store_true", help="no runs: write table.md again from --out's results.json")
     args = p.parse_args()
@@ -114,7 +116,7 @@ def main() -> None:
     if args.quick:
         args.seeds, args.steps = [1], 8192
     if args.out is None:
-        args.out = Path(tempfile.mkdtemp(prefix="ppo_mujoco_")) if args.quick else HERE / "results" / "ppo_mujoco"
+        args.out = Path(tempfile.mkdtemp(prefix="ppo_mujoco_")) if args.quick else HERE / "results" / "ppo_mujoco" / args.env_id
     bad = [s for s in args.settings if s not in SETTINGS]
     if bad:
         p.error(f"unknown settings {bad}")
