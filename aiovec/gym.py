@@ -9,6 +9,8 @@ workers, the loop and its thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import multiprocessing
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import gymnasium as gym
 
 from . import exits
+from .errors import ClosedError, EnvError, StepTimeoutError, WorkerCrashedError
 from .loop import has_uvloop
 from .vecenv import AsyncVecEnv
 
@@ -56,6 +59,7 @@ class VectorEnv(gym.vector.VectorEnv):
     def _init_with(self, venv: AsyncVecEnv) -> None:
         exits.refuse_main_reimport()
         self._venv = venv
+        self._pending: tuple[str, concurrent.futures.Future[Any]] | None = None  # an ``*_async`` call not yet waited for
         if has_uvloop():
             import uvloop
 
@@ -100,9 +104,11 @@ class VectorEnv(gym.vector.VectorEnv):
     def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         if self.closed:
             coro.close()
-            from .errors import ClosedError
-
             raise ClosedError("the vector env is closed")
+        if self._pending is not None:  # as AsyncVectorEnv: one call at a time
+            coro.close()
+            raise gym.error.AlreadyPendingCallError(
+                f"a call to `{self._pending[0]}_async` is pending: `{self._pending[0]}_wait` for it first", self._pending[0])
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     @property
@@ -135,7 +141,7 @@ class VectorEnv(gym.vector.VectorEnv):
         ['final_info', 'final_obs']
         >>> envs.close()
         """
-        return self._run(self._venv.step(actions))
+        return self._run(_step_whole(self._venv, actions))
 
     def call(self, name: str, *args: Any, env_ids: Sequence[int] | None = None, **kwargs: Any) -> tuple[Any, ...]:
         """Call ``env.name(*args, **kwargs)`` (or read the attribute) in each env, or in those in ``env_ids``.
@@ -178,6 +184,77 @@ class VectorEnv(gym.vector.VectorEnv):
         >>> envs.close()
         """
         return self.call("render")
+
+    @property
+    def np_random_seed(self) -> tuple[Any, ...]:
+        """Each env's ``np_random_seed`` (as ``AsyncVectorEnv`` reports it)."""
+        return self.get_attr("np_random_seed")
+
+    @property
+    def np_random(self) -> tuple[Any, ...]:
+        """Each env's random number generator (copies: the envs live in their workers)."""
+        return self.get_attr("np_random")
+
+    # -- gymnasium AsyncVectorEnv's split calls: start now, collect later ---------------------
+    def reset_async(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
+        """Start :meth:`reset`; :meth:`reset_wait` returns its result (``AsyncVectorEnv``'s split call)."""
+        self._start_call("reset", self._venv.reset(seed=seed, options=options))
+
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
+        """The result of :meth:`reset_async`; raises ``multiprocessing.TimeoutError`` after ``timeout`` seconds
+        (the call stays pending: wait again), ``NoAsyncCallError`` without a pending reset."""
+        return self._wait_call("reset", timeout)
+
+    def step_async(self, actions: Any) -> None:
+        """Start :meth:`step`; :meth:`step_wait` returns its result. Bad actions are raised by ``step_wait``.
+
+        >>> envs = aiovec.make_vec("CartPole-v1", 2, num_workers=1)
+        >>> _ = envs.reset(seed=0)
+        >>> envs.step_async(np.zeros(2, dtype=np.int64))
+        >>> obs, rewards, terms, truncs, infos = envs.step_wait(timeout=30)
+        >>> obs.shape
+        (2, 4)
+        >>> envs.close()
+        """
+        self._start_call("step", _step_whole(self._venv, actions))
+
+    def step_wait(self, timeout: float | None = None) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """The result of :meth:`step_async` (see :meth:`reset_wait` for ``timeout``)."""
+        return self._wait_call("step", timeout)
+
+    def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """Start :meth:`call`; :meth:`call_wait` returns its result."""
+        self._start_call("call", self._venv.call(name, *args, **kwargs))
+
+    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """The result of :meth:`call_async` (see :meth:`reset_wait` for ``timeout``)."""
+        return self._wait_call("call", timeout)
+
+    def _start_call(self, kind: str, coro: Coroutine[Any, Any, Any]) -> None:
+        if self.closed:
+            coro.close()
+            raise ClosedError("the vector env is closed")
+        if self._pending is not None:
+            coro.close()
+            raise gym.error.AlreadyPendingCallError(
+                f"calling `{kind}_async` while waiting for a pending call to `{self._pending[0]}` to complete",
+                self._pending[0])
+        self._pending = (kind, asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    def _wait_call(self, kind: str, timeout: float | None) -> Any:
+        if self.closed:
+            raise ClosedError("the vector env is closed")
+        if self._pending is None or self._pending[0] != kind:
+            raise gym.error.NoAsyncCallError(f"calling `{kind}_wait` without any prior call to `{kind}_async`", kind)
+        fut = self._pending[1]
+        try:
+            result = fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise multiprocessing.TimeoutError(f"the call to `{kind}_wait` has timed out after {timeout} second(s)") from None
+        finally:
+            if fut.done():
+                self._pending = None
+        return result
 
     def resize(self, num_workers: int) -> None:
         """Change the worker count; envs move at episode boundaries, trajectories stay the same.
@@ -241,6 +318,25 @@ class VectorEnv(gym.vector.VectorEnv):
                 loop.stop()
 
         loop.create_task(close_then_stop())
+
+
+async def _step_whole(venv: AsyncVecEnv, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+    """Lock-step for a caller that cannot ``recv()``: where an env fails, the rest of the batch is discarded too.
+
+    The async API keeps the other envs' results for ``recv()``; a synchronous caller has no way to take them,
+    and they would refuse the ``reset()`` that must follow (as one may follow ``SyncVectorEnv``'s error).
+    Further errors of the same batch are added to the one raised as notes.
+    """
+    try:
+        return await venv.step(actions)
+    except (EnvError, WorkerCrashedError, StepTimeoutError) as exc:
+        while not venv.closed:
+            try:
+                await venv.drain()
+                break
+            except (EnvError, WorkerCrashedError, StepTimeoutError) as more:
+                exc.add_note(f"in the same batch: {type(more).__name__}: {more}")
+        raise
 
 
 def _serve(loop: asyncio.AbstractEventLoop) -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import multiprocessing
 import threading
 import time
 
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import assert_clean
+from conftest import assert_clean, assert_tree_equal
 from gymnasium.vector import AutoresetMode
 
 import aiovec
@@ -211,4 +213,68 @@ def test_a_facade_collected_on_its_own_loop_thread_closes_there_without_waiting_
     finally:
         gc.enable()
     assert not thread.is_alive() and loop.is_closed()
+    assert_clean(clean)
+
+
+def test_after_an_env_raises_in_step_reset_works_as_after_sync_vector_env(clean) -> None:
+    """The async API keeps the batch's other results for ``recv()``; the facade cannot, so it discards them and a
+    ``reset()`` follows, as one follows ``SyncVectorEnv``'s error. SB3's adapter steps through it alike."""
+    fine = functools.partial(gym.make, "aiovec/Fault-v0", fault="raise", at_step=10**6)
+    bad = functools.partial(gym.make, "aiovec/Fault-v0", fault="raise", at_step=3)
+    for placement in ("process", "inline"):
+        envs = aiovec.VectorEnv([fine, bad, fine], num_workers=2 if placement == "process" else 1, placement=placement)
+        try:
+            envs.reset(seed=0)
+            with pytest.raises(aiovec.EnvError, match="env 1"):
+                for _ in range(5):
+                    envs.step(np.zeros(3, dtype=np.int64))
+            obs, _ = envs.reset(seed=1)  # every env idle again, env 1 rebuilt by the reset
+            assert obs.shape == (3, 4)
+            obs, *_ = envs.step(np.zeros(3, dtype=np.int64))
+            assert obs.shape == (3, 4)
+        finally:
+            envs.close()
+    assert_clean(clean)
+
+
+def test_async_vector_env_split_calls_and_seeds(clean) -> None:
+    fns = [functools.partial(gym.make, "CartPole-v1")] * 3
+    envs, ref = aiovec.VectorEnv(fns, num_workers=2), gym.vector.AsyncVectorEnv(fns)
+    try:
+        envs.reset_async(seed=4)
+        ref.reset_async(seed=4)
+        assert_tree_equal(envs.reset_wait(timeout=30)[0], ref.reset_wait(timeout=30)[0])
+        assert envs.np_random_seed == ref.np_random_seed == (4, 5, 6)
+        acts = np.array([0, 1, 1])
+        envs.step_async(acts)
+        with pytest.raises(gym.error.AlreadyPendingCallError):
+            envs.step_async(acts)
+        with pytest.raises(gym.error.AlreadyPendingCallError):
+            envs.step(acts)  # one call at a time, as AsyncVectorEnv
+        with pytest.raises(gym.error.NoAsyncCallError):
+            envs.reset_wait()
+        ref.step_async(acts)
+        assert_tree_equal(envs.step_wait(timeout=30)[:4], ref.step_wait(timeout=30)[:4])
+        envs.call_async("get_wrapper_attr", "gravity")
+        assert envs.call_wait(timeout=30) == (9.8, 9.8, 9.8)
+        with pytest.raises(gym.error.NoAsyncCallError):
+            envs.step_wait()
+    finally:
+        envs.close()
+        ref.close()
+    assert_clean(clean)
+
+
+def test_a_wait_that_times_out_leaves_the_call_pending(clean) -> None:
+    slow = functools.partial(gym.make, "aiovec/Sleep-v0", wait_ms=400.0, obs_dim=4)
+    envs = aiovec.VectorEnv([slow] * 2, num_workers=1)
+    try:
+        envs.reset(seed=0)
+        envs.step_async(np.zeros(2, dtype=np.int64))
+        with pytest.raises(multiprocessing.TimeoutError):
+            envs.step_wait(timeout=0.01)
+        obs, *_ = envs.step_wait(timeout=30)  # nothing lost: the same step's result
+        assert obs.shape == (2, 4)
+    finally:
+        envs.close()
     assert_clean(clean)
