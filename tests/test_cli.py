@@ -72,3 +72,22 @@ def test_example_flags_have_help_defaults_and_choices(script: str) -> None:
         assert "--vector-env {aiovec,gym-sync,gym-async}" in proc.stdout
     if script == "webservice_load.py":
         assert "--mode {step,recv}" in proc.stdout
+
+
+def test_aiovec_bench_passes_flags_first_to_the_benchmark(capsys) -> None:
+    """``aiovec bench --help`` (and ``--quick``, ``--out``) reach ``python -m aiovec.bench``; argparse's REMAINDER
+    refused any that came first."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--quick" in out and "{core,v2,controller,ray,soak}" in out
+
+
+@pytest.mark.parametrize("flag", ["--runs", "--max-workers"])
+@pytest.mark.parametrize("value", ["0", "-2", "x"])
+def test_demo_counts_must_be_positive_integers(capsys, flag: str, value: str) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["demo", flag, value])
+    assert e.value.code == 2
+    assert "expected a positive integer" in capsys.readouterr().err
