@@ -270,7 +270,8 @@ class VectorEnv(gym.vector.VectorEnv):
 
     @property
     def num_workers(self) -> int:
-        """Worker processes currently running."""
+        """Workers currently running, this process counted as one where it steps envs (see
+        :attr:`AsyncVecEnv.num_workers`)."""
         return self._venv.num_workers
 
     def stats(self) -> dict[str, Any]:

@@ -354,8 +354,11 @@ class AsyncVecEnv:
 
     @property
     def placement(self) -> str:
-        """Where the envs run now: ``"inline"``, ``"hybrid"`` or ``"process"`` (``"unstarted"`` before ``start()``)."""
-        return self._pool.kind if self._pool is not None else "unstarted"
+        """Where the envs run now: ``"inline"``, ``"hybrid"`` or ``"process"`` (``"unstarted"`` before ``start()``,
+        ``"closed"`` after ``close()``)."""
+        if self._pool is None:
+            return "closed" if self._closed else "unstarted"
+        return self._pool.kind
 
     # -- lifetime -----------------------------------------------------------------------
     async def __aenter__(self) -> AsyncVecEnv:
@@ -531,7 +534,8 @@ class AsyncVecEnv:
 
     @property
     def num_workers(self) -> int:
-        """Worker processes currently running."""
+        """Workers currently running, this process counted as one where it steps envs (inline: 1, hybrid: 1 + the
+        worker processes); 0 before ``start()`` and after ``close()``."""
         return self._pool.num_workers if self._pool is not None else 0
 
     # -- reset --------------------------------------------------------------------------

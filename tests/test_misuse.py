@@ -294,7 +294,7 @@ def test_every_call_after_close_raises_closed_error(run, clean) -> None:
                 pass
         await wait(venv.close())  # idempotent
         st = venv.stats()  # still answers after close, with what happened before it
-        assert st["num_envs"] == N and st["num_workers"] == 0
+        assert st["num_envs"] == N and st["num_workers"] == 0 and st["placement"] == "closed"
 
     run(main())
     assert_clean(clean)

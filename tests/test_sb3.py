@@ -112,8 +112,9 @@ def test_wraps_only_same_step_vector_envs(clean):
             SB3VecEnv(venv)
     finally:
         venv.close()
-    with pytest.raises(aiovec.ConfigError, match="SAME_STEP"):
-        make_sb3_vec_env("CartPole-v1", 2, autoreset_mode=AutoresetMode.NEXT_STEP)
+    for mode in (AutoresetMode.NEXT_STEP, "bogus"):  # not a mode at all: the same typed error, not a ValueError
+        with pytest.raises(aiovec.ConfigError, match="SAME_STEP"):
+            make_sb3_vec_env("CartPole-v1", 2, autoreset_mode=mode)
     assert_clean(clean)
 
 

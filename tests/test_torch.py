@@ -112,3 +112,13 @@ def test_clear_import_error_without_torch(monkeypatch):
     monkeypatch.delitem(sys.modules, "aiovec.integrations.torch")
     with pytest.raises(ImportError, match=r"pip install 'aiovec\[torch\]'"):
         importlib.import_module("aiovec.integrations.torch")
+
+
+def test_torch_vec_env_refuses_the_sync_facade_with_a_hint(clean):
+    envs = aiovec.make_vec("CartPole-v1", 2, num_workers=1)
+    try:
+        with pytest.raises(aiovec.ConfigError, match="aiovec.make"):
+            TorchVecEnv(envs)
+    finally:
+        envs.close()
+    assert_clean(clean)

@@ -284,7 +284,11 @@ def make_sb3_vec_env(
     >>> env.close()
     """
     mode = aiovec_options.pop("autoreset_mode", AutoresetMode.SAME_STEP)
-    if AutoresetMode(mode) != AutoresetMode.SAME_STEP:
+    try:
+        same_step = AutoresetMode(mode) == AutoresetMode.SAME_STEP
+    except ValueError:
+        same_step = False
+    if not same_step:
         raise ConfigError(f"SB3 needs autoreset_mode=SAME_STEP, got {mode!r}")
     spec, kwargs, vec_kwargs = resolve(env_id, num_envs, env_kwargs, aiovec_options)
     factory = functools.partial(make_wrapped, spec, kwargs, wrapper_class, dict(wrapper_kwargs or {}))

@@ -32,6 +32,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides the package
     raise ImportError("aiovec.integrations.torch needs torch, which is not installed: pip install 'aiovec[torch]'") from exc
 
+from ..errors import ConfigError
 from ..vecenv import AsyncVecEnv
 
 __all__ = ["TorchStepResult", "TorchVecEnv", "as_tensor", "to_numpy_actions"]
@@ -133,6 +134,9 @@ class TorchVecEnv:
     """
 
     def __init__(self, async_venv: AsyncVecEnv, device: torch.device | str = "cpu", reward_dtype: torch.dtype = torch.float32) -> None:
+        if not isinstance(async_venv, AsyncVecEnv):
+            hint = " (aiovec.make_vec builds the synchronous facade: use aiovec.make)" if hasattr(async_venv, "async_env") else ""
+            raise ConfigError(f"TorchVecEnv wraps an aiovec.AsyncVecEnv, got {type(async_venv).__name__}{hint}")
         self.venv = async_venv
         self.device = torch.device(device)
         self.reward_dtype = reward_dtype
