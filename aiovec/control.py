@@ -81,6 +81,12 @@ class ControlLoop:
         self._seen = [0, 0]  # wake-ups that found the caller in step() (lock-step) / in recv() (first-finished)
         pool = venv._pool
         self.inline_ok = pool is not None and "inline" in pool.backends and venv.placement_arg != "process" and not self.fixed_workers
+        self._handed_over = False  # the caller resized by hand: workers and placement are theirs
+
+    def hand_over_workers(self) -> None:
+        """The caller called ``resize()``: the worker count and placement are theirs from now on; threads stay tuned."""
+        self.fixed_workers = self.fixed_placement = self._handed_over = True
+        self.inline_ok = False
 
     def _sample(self) -> _Sample:
         stats = self.venv._stats
@@ -149,12 +155,12 @@ class ControlLoop:
         if d.placement is not None and d.placement != m.placement and not self.fixed_workers and not self.fixed_placement:
             if d.placement == "process" and d.threads is not None and d.threads != venv.env_threads:
                 await venv.set_env_threads(d.threads)  # new workers start with it
-            await venv.resize(max(1, d.target), placement=d.placement)
+            await venv._resize(max(1, d.target), d.placement)
             return True
         if d.threads is not None and d.threads != m.threads and m.placement == "process" and not self.fixed_threads:
             await venv.set_env_threads(d.threads)
-        if d.target != m.num_workers and not (self.fixed_workers and d.placement is not None):
-            await venv.resize(d.target)
+        if d.target != m.num_workers and not (self.fixed_workers and d.placement is not None) and not self._handed_over:
+            await venv._resize(d.target, None)
             moved = True
         return moved
 

@@ -256,8 +256,10 @@ class VectorEnv(gym.vector.VectorEnv):
                 self._pending = None
         return result
 
-    def resize(self, num_workers: int) -> None:
-        """Change the worker count; envs move at episode boundaries, trajectories stay the same.
+    def resize(self, num_workers: int, placement: str | None = None) -> None:
+        """Change the worker count (and placement); envs move at episode boundaries, trajectories stay the same.
+
+        See :meth:`AsyncVecEnv.resize` (inline envs need ``placement="process"`` or ``"hybrid"`` to grow).
 
         >>> envs = aiovec.make_vec("CartPole-v1", 4, num_workers=1)
         >>> _ = envs.reset(seed=0)
@@ -266,7 +268,7 @@ class VectorEnv(gym.vector.VectorEnv):
         2
         >>> envs.close()
         """
-        self._run(self._venv.resize(num_workers))
+        self._run(self._venv.resize(num_workers, placement))
 
     @property
     def num_workers(self) -> int:

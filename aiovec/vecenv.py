@@ -920,7 +920,10 @@ class AsyncVecEnv:
         ``pending_moves`` how many envs still wait for their episode to end.
         ``placement="inline"`` moves every env into this process (``num_workers`` is then 1: the
         inline worker), ``"process"`` into ``num_workers`` processes, ``"hybrid"`` one shard into
-        this process and the others into ``num_workers - 1`` processes; default: where they are.
+        this process and the others into ``num_workers - 1`` processes; default: where they are
+        (``ConfigError`` where the count does not fit there: inline is 1 worker, hybrid at least 2).
+        With ``num_workers="auto"`` a call hands the worker count and placement to the caller: the
+        controller keeps them from then on and tunes only the threads per process.
 
         >>> async def main():
         ...     async with aiovec.make("CartPole-v1", 4, num_workers=1) as venv:
@@ -938,11 +941,24 @@ class AsyncVecEnv:
         if placement == "hybrid" and n < 2:
             raise ConfigError(f"placement='hybrid' counts this process as one of num_workers, so it needs num_workers >= 2, got {n}")
         await self.start()
+        kind = placement or self._pool.kind  # type: ignore[union-attr]
+        if placement is None and (kind == "inline" and n != 1 or kind == "hybrid" and n < 2):
+            raise ConfigError(f"the envs step {kind} ({'this process' if kind == 'inline' else 'this process and worker processes'}): "
+                              f"resize({n}) needs a placement that fits it, 'process' ({n} worker processes)"
+                              f"{f' or hybrid (this process and {n - 1})' if n >= 2 else ' or inline'}")
+        if self._control is not None:
+            self._control.hand_over_workers()
+        await self._resize(n, placement)
+
+    async def _resize(self, n: int, placement: str | None) -> None:
+        """:meth:`resize` without the argument checks and without taking the knob from the controller (its own moves)."""
         pool = self._pool
-        if placement in ("inline", "hybrid") and "inline" not in pool.backends:  # type: ignore[union-attr]
+        if pool is None:
+            raise ClosedError("the vector env is closed")
+        if placement in ("inline", "hybrid") and "inline" not in pool.backends:
             raise ConfigError("this vector env cannot step envs inline (placement='process', step_timeout or a Ray backend)")
         try:
-            await pool.resize(n, placement)  # type: ignore[union-attr]
+            await pool.resize(n, placement)
         finally:
             if self._spin_auto and pool is self._pool and not pool.closing:  # spin only while workers leave the parent a core
                 pool.tune(spin_for(pool.target_workers - (pool.kind == "hybrid"), available_cpus()))

@@ -287,3 +287,32 @@ def test_a_controller_that_raises_is_reported_once_and_stepping_goes_on(placemen
             assert obs.shape == (4, 4)
 
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+class _OneWorker:
+    """Asks for one worker every interval."""
+
+    def decide(self, m: aiovec.Measurement) -> aiovec.Decision:
+        return aiovec.Decision(1, "one")
+
+
+def test_a_resize_by_hand_hands_the_worker_count_to_the_caller(clean) -> None:
+    """With num_workers="auto" the controller owns the count until the caller resizes: then the caller's count
+    stays (the controller went back to its own within a few intervals before)."""
+
+    async def main() -> list[int]:
+        async with aiovec.make("CartPole-v1", 4, num_workers="auto", placement="process", controller=_OneWorker()) as venv:
+            await venv.reset(seed=0)
+            acts = np.zeros(4, dtype=np.int64)
+            await venv.resize(2)
+            seen = []
+            t = time.perf_counter()
+            while time.perf_counter() - t < 2.0:  # ~8 control intervals
+                await venv.step(acts)
+                seen.append(venv.num_workers)
+            assert any("one" in h["reason"] for h in venv.control_history)  # the controller ran all along
+            return seen
+
+    seen = asyncio.run(asyncio.wait_for(main(), 120))
+    assert seen[-1] == 2 and 1 not in seen[len(seen) // 2:], seen[-20:]
+    assert_clean(clean)

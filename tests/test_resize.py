@@ -445,3 +445,26 @@ def test_a_retiring_worker_that_dies_is_replaced_by_a_retiring_one(clean) -> Non
 
     asyncio.run(main())
     assert_clean(clean)
+
+
+def test_a_resize_that_does_not_fit_where_the_envs_are_asks_for_a_placement(clean) -> None:
+    async def main() -> None:
+        async with aiovec.make("CartPole-v1", 4, num_workers=1, placement="inline") as venv:
+            await venv.reset(seed=0)
+            with pytest.raises(aiovec.ConfigError, match="placement"):
+                await venv.resize(2)  # inline is one worker: it did nothing, silently
+            assert venv.placement == "inline"
+            await venv.resize(2, placement="process")
+            for _ in range(600):  # the envs move at their episode boundaries
+                await venv.step(np.zeros(4, dtype=np.int64))
+                if not venv.pending_moves:
+                    break
+            assert venv.placement == "process" and venv.num_workers == 2
+        async with aiovec.make("CartPole-v1", 4, num_workers=2, placement="hybrid") as venv:
+            await venv.reset(seed=0)
+            with pytest.raises(aiovec.ConfigError, match="placement"):
+                await venv.resize(1)
+            assert venv.placement == "hybrid" and venv.num_workers == 2
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+    assert_clean(clean)
