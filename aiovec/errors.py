@@ -115,6 +115,28 @@ class EnvError(AiovecError):
         )
 
 
+class EnvAttributeError(EnvError, AttributeError):
+    """An ``AttributeError`` raised in an env by ``call``/``get_attr``/``set_attr`` (an attribute it lacks).
+
+    Also an ``AttributeError``, as gymnasium's vector envs raise it, so ``except AttributeError`` catches it.
+
+    >>> async def main():
+    ...     async with aiovec.make("CartPole-v1", 2, num_workers=1) as venv:
+    ...         try:
+    ...             await venv.get_attr("no_such_attribute")
+    ...         except AttributeError as exc:
+    ...             return type(exc).__name__, exc.env_id
+    >>> aiovec.run(main())
+    ('EnvAttributeError', 0)
+    """
+
+
+def env_error(env_id: int, exc_type: str, message: str, remote_traceback: str) -> EnvError:
+    """The :class:`EnvError` for an env's exception of a call or an attribute (``EnvAttributeError`` for a missing one)."""
+    cls = EnvAttributeError if exc_type == "AttributeError" else EnvError
+    return cls(env_id, exc_type, message, remote_traceback)
+
+
 def describe_exit(exitcode: int | None) -> str:
     """Human-readable exit status: ``exit code 3``, ``killed by SIGKILL``."""
     if exitcode is None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import protocol as P
 from .backends.base import Backend, WorkerHandle
-from .errors import ClosedError, EnvError, WorkerCrashedError, describe_exit
+from .errors import ClosedError, EnvError, WorkerCrashedError, describe_exit, env_error
 from .stats import Stats
 
 ReplyHandler = Callable[[int, tuple[Any, ...] | None, BaseException | None], None]
@@ -396,7 +396,7 @@ class WorkerPool:
         for reply in replies:
             if reply.payload is not None:
                 results.update(zip(reply.env_ids, reply.payload, strict=True))
-            errors.extend(EnvError(*e) for e in reply.errors or ())
+            errors.extend(env_error(*e) for e in reply.errors or ())
         return results, errors
 
     async def _gather(self, futs: list[asyncio.Future]) -> list[Any]:

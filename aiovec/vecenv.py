@@ -852,7 +852,8 @@ class AsyncVecEnv:
         """Call ``env.name(*args, **kwargs)`` (or read the attribute) in each env; results in env order.
 
         ``env_ids`` picks a subset. Envs may be stepping meanwhile; an exception in one env
-        is raised as ``EnvError`` naming it.
+        is raised as ``EnvError`` naming it (``EnvAttributeError``, also an ``AttributeError``, for an
+        attribute the env lacks, as gymnasium's vector envs raise it).
 
         >>> async def main():
         ...     async with aiovec.make("CartPole-v1", 3, num_workers=1) as venv:

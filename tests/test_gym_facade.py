@@ -278,3 +278,18 @@ def test_a_wait_that_times_out_leaves_the_call_pending(clean) -> None:
     finally:
         envs.close()
     assert_clean(clean)
+
+
+@pytest.mark.parametrize("placement", ["inline", "process"])
+def test_a_missing_attribute_is_an_attribute_error_as_in_gymnasium(placement: str, clean) -> None:
+    envs = aiovec.make_vec("CartPole-v1", 2, num_workers=1, placement=placement)
+    try:
+        with pytest.raises(AttributeError) as exc:
+            envs.get_attr("no_such_attribute")
+        assert isinstance(exc.value, aiovec.EnvError) and exc.value.env_id == 0
+        with pytest.raises(AttributeError):
+            envs.call("no_such_method")
+        assert envs.get_attr("gravity") == (9.8, 9.8)  # nothing broke
+    finally:
+        envs.close()
+    assert_clean(clean)
