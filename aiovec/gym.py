@@ -277,8 +277,13 @@ class VectorEnv(gym.vector.VectorEnv):
         return self._venv.num_workers
 
     def stats(self) -> dict[str, Any]:
-        """:meth:`AsyncVecEnv.stats`: steps, steps/s, latency percentiles, per-worker figures."""
-        return self._venv.stats()
+        """:meth:`AsyncVecEnv.stats`: steps, steps/s, latency percentiles, per-worker figures.
+
+        Read on the loop's thread, which updates them, so any thread may ask while envs step.
+        """
+        if self.closed or not self._thread.is_alive() or threading.current_thread() is self._thread:
+            return self._venv.stats()
+        return asyncio.run_coroutine_threadsafe(_stats(self._venv), self._loop).result()
 
     def close_extras(self, **kwargs: Any) -> None:
         """Stop the workers, then the private loop and its thread (``close()`` calls this)."""
@@ -321,6 +326,10 @@ class VectorEnv(gym.vector.VectorEnv):
                 loop.stop()
 
         loop.create_task(close_then_stop())
+
+
+async def _stats(venv: AsyncVecEnv) -> dict[str, Any]:
+    return venv.stats()
 
 
 async def _step_whole(venv: AsyncVecEnv, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:

@@ -293,3 +293,25 @@ def test_a_missing_attribute_is_an_attribute_error_as_in_gymnasium(placement: st
     finally:
         envs.close()
     assert_clean(clean)
+
+
+def test_stats_are_read_on_the_loop_thread_that_updates_them(clean) -> None:
+    """stats() reads what the loop's thread updates while envs step (deques, dicts): read from another thread it
+    could meet them mid-update, so the facade reads them on the loop's thread, whoever asks."""
+    envs = aiovec.make_vec("CartPole-v1", 4, num_workers=2)
+    try:
+        venv, readers = envs.async_env, []
+        original = venv.stats
+
+        def recording_stats() -> dict:
+            readers.append(threading.current_thread().name)
+            return original()
+
+        venv.stats = recording_stats
+        envs.reset(seed=0)
+        envs.step(np.zeros(4, dtype=np.int64))
+        assert envs.stats()["num_envs"] == 4
+        assert readers == ["aiovec-loop"]
+    finally:
+        envs.close()
+    assert_clean(clean)
