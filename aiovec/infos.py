@@ -51,13 +51,32 @@ def batch_infos(n: int, rows: Sequence[tuple[int, dict[str, Any]]], parts: Seque
         rows.sort(key=lambda r: r[0])
     if not rows:
         return {}
-    fast = _batch_flat(n, rows)
+    try:
+        fast = _batch_flat(n, rows)
+    except OverflowError:  # an int beyond int64: gymnasium's path decides (and falls back to objects)
+        fast = None
     if fast is not None:
         return fast
     out: dict[str, Any] = {}
     batch = _Batch(n)
+    try:
+        for row, info in rows:
+            out = batch._add_info(out, info, row)
+    except (ValueError, TypeError, OverflowError):  # what gymnasium cannot batch: one object per row, not an error
+        return _batch_objects(n, rows)  # (raised here, it would cost the batch's transitions, already taken)
+    return out
+
+
+def _batch_objects(n: int, rows: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+    """Infos gymnasium's ``_add_info`` cannot batch (arrays of other shapes per env, ints beyond int64): each key
+    an object array holding every row's own value, with its ``_key`` mask."""
+    out: dict[str, Any] = {}
     for row, info in rows:
-        out = batch._add_info(out, info, row)
+        for key, value in info.items():
+            if key not in out:
+                out[key], out[f"_{key}"] = np.full(n, None, dtype=object), np.zeros(n, dtype=np.bool_)
+            out[key][row] = value
+            out[f"_{key}"][row] = True
     return out
 
 

@@ -176,7 +176,10 @@ def pack_infos(infos: list[dict | None]) -> InfoRecords | list[dict | None]:
     keys = tuple(keys)
     if not _record_schema(keys, types):
         return infos
-    data = np.array([tuple(info.values()) for info in infos], record_dtype(keys, types)).tobytes()
+    try:
+        data = np.array([tuple(info.values()) for info in infos], record_dtype(keys, types)).tobytes()
+    except (OverflowError, ValueError, TypeError):  # an int beyond int64 and the like: they travel as they are
+        return infos
     return InfoRecords(keys, types, len(infos), data)
 
 

@@ -545,7 +545,9 @@ class AsyncVecEnv:
         ``seed``: ``None``, an int (env ``i`` gets ``seed + i``) or one seed per env.
         Envs being reset must not have a step in flight or an unreceived result
         (``EnvStateError``); with a ``reset_mask`` the other envs may keep stepping.
-        Returns the observations of all envs and the infos of the reset ones.
+        Returns the observations of all envs and the infos of the reset ones: an env left out of
+        the mask keeps its last observation, or zeros while it is stepping (a worker may be writing
+        its row; its next observation comes with ``recv()``).
 
         >>> async def main():
         ...     async with aiovec.make("CartPole-v1", 3, num_workers=1) as venv:
@@ -602,6 +604,9 @@ class AsyncVecEnv:
                 self._reported(err)
             raise errors[0]
         obs = take(self._views.obs, slice(None))
+        busy = np.flatnonzero((table.state == STEPPING) | (table.state == READY))  # left out by a reset_mask: a worker
+        if busy.size:  # may be writing their rows, or they hold a result not yet received, which comes with recv()
+            put_rows(obs, busy, create_empty_array(self._probe.observation_space, busy.size))
         if self._delivered is not None:
             put_rows(self._delivered, ids, take(obs, ids))
         return obs, batch_infos(n, sorted(infos, key=lambda r: r[0]))

@@ -649,3 +649,67 @@ def test_a_cancelled_start_leaves_the_other_waiting_task_to_start_it(run, clean)
 
     run(main())
     assert_clean(clean)
+
+
+@pytest.mark.parametrize("placement", ["inline", "process"])
+def test_a_masked_reset_gives_envs_still_stepping_zeros_not_a_row_being_written(run_uv, clean, placement: str) -> None:
+    """Env 1 keeps stepping while env 0 is reset: its row is zeros (its observation comes with recv()), not a row
+    a worker is writing, nor one not yet received; the idle env 2 keeps its last observation."""
+    slow = functools.partial(gym.make, "aiovec/Sleep-v0", wait_ms=200.0, obs_dim=4)
+
+    async def main() -> None:
+        async with AsyncVecEnv([slow] * 3, num_workers=1 if placement == "inline" else 2, placement=placement) as venv:
+            first, _ = await wait(venv.reset(seed=0))
+            venv.send(np.zeros(1, dtype=np.int64), env_ids=[1])
+            obs, infos = await wait(venv.reset(seed=5, options={"reset_mask": np.array([True, False, False])}))
+            assert (obs[1] == 0).all()
+            assert_tree_equal(obs[2], first[2])
+            r = await wait(venv.recv())
+            assert r.env_ids.tolist() == [1] and not (r.obs[0] == 0).all()
+
+    run_uv(main())
+    assert_clean(clean)
+
+
+def test_infos_gymnasium_cannot_batch_arrive_as_objects_and_lose_nothing() -> None:
+    """Arrays of other shapes per env, or an int beyond int64: object arrays, one value per env (raised, the error
+    would cost the batch's transitions, already taken from the table)."""
+    infos = aiovec.infos.batch_infos(3, [(0, {"a": np.zeros(1)}), (1, {"a": np.zeros(2)}), (2, {"b": 2**64})])
+    assert infos["a"].dtype == object and infos["a"][1].shape == (2,) and infos["_a"].tolist() == [True, True, False]
+    assert infos["b"][2] == 2**64 and infos["_b"].tolist() == [False, False, True]
+    packed = aiovec.protocol.pack_infos([{"big": 2**64}, {"big": 1}])
+    assert isinstance(packed, list)  # not records: they travel as they are
+
+
+class _OddInfos(gym.Env):
+    """Infos gymnasium cannot batch: an int beyond int64 on every step, arrays whose shape is the env's own."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, width: int = 1) -> None:
+        self.width = width
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return np.zeros(1, np.float32), 1.0, False, False, {"big": 2**64, "wide": np.zeros(self.width)}
+
+
+def test_odd_infos_lose_no_transition_in_this_process(run_uv, clean) -> None:
+    fns = [functools.partial(_OddInfos, width=w) for w in (1, 2)]
+
+    async def main() -> None:
+        async with AsyncVecEnv(fns, placement="inline") as venv:
+            await wait(venv.reset(seed=0))
+            for _ in range(3):
+                venv.send(np.zeros(2, dtype=np.int64))
+                got = sorted(i for r in await wait(venv.drain()) for i in r.env_ids.tolist())
+                assert got == [0, 1]
+            *_, infos = await wait(venv.step(np.zeros(2, dtype=np.int64)))
+            assert infos["big"].tolist() == [2**64, 2**64] and [w.shape for w in infos["wide"]] == [(1,), (2,)]
+
+    run_uv(main())
+    assert_clean(clean)
