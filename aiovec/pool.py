@@ -36,6 +36,7 @@ class _Pending(NamedTuple):
     t_sent: float
     handler: ReplyHandler | None
     env_ids: np.ndarray | None  # for STEP_SHARD: the shard it stepped
+    t_start: float | None = None  # when the worker started on it (commands queue there): set once it is the oldest
 
 
 class _Worker:
@@ -139,7 +140,7 @@ class WorkerPool:
         self.restarts_left = max_restarts
         self.restarts = 0
         self.restart_backoff = restart_backoff
-        self._last_restart = -1e9
+        self._respawn_at = -1e9  # when the last replacement worker started (after its backoff)
         self._backoff = restart_backoff
         self.on_restart: Callable[[WorkerCrashedError], None] | None = None  # set by the vector env
         self.on_step: Callable[[np.ndarray, P.InfoRecords | None], None] = lambda env_ids, infos: None  # a step of these envs finished without errors (set by the vector env)
@@ -279,14 +280,25 @@ class WorkerPool:
         w = self.workers[wid]
         t = time.perf_counter()
         op = P.STEP if msg is P.STEP_SHARD else getattr(msg, "op", msg[0])
-        w.pending.append(_Pending(op, t, handler, env_ids))
-        w.handle.send(msg)
-        if self.step_timeout is not None and op in (P.STEP, P.RESET):
-            self._loop.call_at(self._loop.time() + self.step_timeout, self._check_deadline, wid, t)
+        entry = _Pending(op, t, handler, env_ids, None if w.pending else t)
+        w.pending.append(entry)
+        w.handle.send(msg)  # an inline worker answers at once: the entry may be gone again
+        if entry.t_start is not None and w.pending and w.pending[0] is entry:
+            self._arm_deadline(wid, w)
 
-    def _check_deadline(self, wid: int, t_sent: float) -> None:
+    def _arm_deadline(self, wid: int, w: _Worker) -> None:
+        """``step_timeout`` counts from when the worker starts on a step or reset: a command queued behind
+        another one (a second ``send`` to the same worker, a slow ``call``) is not late for the wait."""
+        head = w.pending[0]
+        if self.step_timeout is not None and head.op in (P.STEP, P.RESET):
+            self._loop.call_at(self._loop.time() + self.step_timeout, self._check_deadline, wid, head.t_start)
+
+    def _check_deadline(self, wid: int, t_start: float) -> None:
         w = self.workers.get(wid)
-        if w is not None and w.pending and w.pending[0].t_sent <= t_sent and w.handle.alive:
+        if w is None or not w.pending or not w.handle.alive:
+            return
+        head = w.pending[0].t_start
+        if head is not None and head <= t_start:  # the command this deadline is for (or an older one) still runs
             self._timed_out.add(wid)
             w.handle.kill()  # a hung step: treated as a crash of its worker
 
@@ -643,7 +655,7 @@ class WorkerPool:
         w = self.workers.get(wid)
         if w is None:
             return
-        op, t_sent, handler, ids = w.pending.popleft()
+        op, t_sent, handler, ids, _ = w.pending.popleft()
         if op == P.STEP:  # env ids as the array they were sent for (a STEP_SHARD reply names none)
             if type(reply) is P.Timing:  # the fast reply: no infos, no errors
                 reply = P.Reply(P.STEP, ids, None, None, reply)
@@ -710,8 +722,12 @@ class WorkerPool:
         return self.replies > first
 
     def _after_reply(self, wid: int, w: _Worker) -> None:
-        """Housekeeping after any reply: count it, retire an emptied worker, recycle old or fat ones."""
+        """Housekeeping after any reply: count it, start the next command's clock, retire an emptied worker, recycle
+        old or fat ones."""
         self.replies += 1
+        if w.pending and w.pending[0].t_start is None:
+            w.pending[0] = w.pending[0]._replace(t_start=time.perf_counter())
+            self._arm_deadline(wid, w)
         if self._retiring and wid in self._retiring and not w.pending:
             self._stop_empty()
         if (self.recycle_steps or self.recycle_rss_mb) and self.replies % 64 == 0:
@@ -756,9 +772,10 @@ class WorkerPool:
             self.restarts_left -= 1
             self.restarts += 1
             now = time.perf_counter()
-            # Backoff doubles while restarts come within a second of each other.
-            self._backoff = min(self._backoff * 2, 5.0) if now - self._last_restart < 1.0 else self.restart_backoff
-            self._last_restart = now
+            # Backoff doubles while workers die within a second of their replacement's start (measured from the
+            # crash before, the gap held the backoff itself, so any backoff of 1 s or more reset it).
+            self._backoff = min(self._backoff * 2, 5.0) if now - self._respawn_at < 1.0 else self.restart_backoff
+            self._respawn_at = now + self._backoff
             for env in env_ids:
                 self._moving.setdefault(env, (-1, []))
             self.on_restart(err)

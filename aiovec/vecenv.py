@@ -909,7 +909,11 @@ class AsyncVecEnv:
         def build(g: list[int]) -> P.Call:
             return P.Call(tuple(g), kind, name, [payload[i] for i in g] if kind == "set" else payload)
 
-        results, errors = await self._pool.request(ids.tolist(), build)  # type: ignore[union-attr]
+        try:
+            results, errors = await self._pool.request(ids.tolist(), build)  # type: ignore[union-attr]
+        except WorkerCrashedError as err:
+            self._reported(err)  # raised here: not again by the next step()/recv()
+            raise
         if errors:
             raise errors[0]
         return tuple(results.get(i) for i in ids.tolist())

@@ -285,6 +285,23 @@ def test_worker_crash_under_spawn_and_first_finished_recv(run_uv, clean) -> None
     assert_clean(clean)
 
 
+def test_step_timeout_counts_from_when_the_worker_starts_the_step_not_from_the_send(run_uv, clean) -> None:
+    """Two steps queued on one worker, 0.7 s each, step_timeout 1 s: the second starts at 0.7 s and ends at 1.4 s,
+    within its limit; counted from its send it was killed at 1.0 s."""
+    slow = functools.partial(gym.make, "aiovec/Sleep-v0", wait_ms=700.0, obs_dim=4)
+
+    async def main() -> None:
+        async with AsyncVecEnv([slow, slow], num_workers=1, step_timeout=1.0) as venv:
+            await wait(venv.reset(seed=0))
+            venv.send(np.zeros(1, dtype=np.int64), env_ids=[0])
+            venv.send(np.zeros(1, dtype=np.int64), env_ids=[1])
+            got = [i for r in await wait(venv.drain()) for i in r.env_ids.tolist()]
+            assert sorted(got) == [0, 1] and venv.stats()["restarts"] == 0
+
+    run_uv(main())
+    assert_clean(clean)
+
+
 def test_hung_step_is_killed_after_step_timeout(run, clean) -> None:
     async def main() -> None:
         async with AsyncVecEnv(fault_fns("hang", at_step=2, hang_s=3600.0), num_workers=3, step_timeout=1.0) as venv:

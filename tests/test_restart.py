@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import signal
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -117,3 +120,46 @@ def test_restart_options_are_validated() -> None:
         aiovec.make("CartPole-v1", 2, max_restarts=-1)
     with pytest.raises(aiovec.ConfigError):
         aiovec.make("CartPole-v1", 2, recycle_steps=0)
+
+
+@pytest.mark.slow
+def test_the_restart_backoff_doubles_through_a_crash_loop(clean) -> None:
+    """A worker that dies at every start: the wait before each replacement doubles (0.3, 0.6, 1.2, 2.4 s). It was
+    measured from one crash to the next, a gap that holds the backoff itself, so from 1.2 s on it started over."""
+    fns = [functools.partial(fault_env, "sigkill", 1)]
+
+    async def main() -> list[float]:
+        async with aiovec.AsyncVecEnv(fns, num_workers=1, max_restarts=4, restart_backoff=0.3) as venv:
+            await venv.reset(seed=0)
+            waits = []
+            with pytest.raises(aiovec.WorkerCrashedError):  # the 5th death: the budget is spent
+                for _ in range(20):  # a step kills the worker; the step after its reset row waits for the replacement
+                    t = time.perf_counter()
+                    await asyncio.wait_for(venv.step(np.zeros(1, dtype=np.int64)), 30)
+                    waits.append(time.perf_counter() - t)
+            return waits
+
+    waits = asyncio.run(main())
+    assert max(waits) >= 2.0, [round(w, 2) for w in waits]  # the 4th backoff: 2.4 s (0.3 s again before the fix)
+    assert_clean(clean)
+
+
+def test_a_crash_raised_by_call_is_not_raised_again_by_the_next_recv(clean) -> None:
+    slow = functools.partial(gym.make, "aiovec/Sleep-v0", wait_ms=3000.0, obs_dim=4)
+    fine = functools.partial(gym.make, "aiovec/Sleep-v0", wait_ms=0.0, obs_dim=4)
+
+    async def main() -> None:
+        async with aiovec.AsyncVecEnv([slow, slow, fine, fine], num_workers=2) as venv:
+            await venv.reset(seed=0)
+            pid = next(w["pid"] for w in venv.stats()["workers"] if 0 in venv._pool.workers[w["worker_id"]].envs)
+            call = asyncio.ensure_future(venv.call("step", 0, env_ids=[0]))  # 3 s in the env
+            await asyncio.sleep(0.5)
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(aiovec.WorkerCrashedError):
+                await asyncio.wait_for(call, 30)
+            venv.send(np.zeros(2, dtype=np.int64), [2, 3])  # the other worker's envs: nothing to raise
+            r = await asyncio.wait_for(venv.recv(2), 30)
+            assert sorted(r.env_ids.tolist()) == [2, 3]
+
+    asyncio.run(main())
+    assert_clean(clean)
