@@ -140,14 +140,12 @@ class Rollout:
     async def _run_first_finished(self, sample) -> None:
         venv, k = self.venv, max(1, self.num_envs // 2)
         venv.send(sample(self.num_envs))
-        for i in itertools.count():
+        while True:
             r = await venv.recv(k)  # the first k envs to finish; the others keep stepping
             self._record(r.env_ids, r.rewards, r.terminations, r.truncations)
             if self._done():
                 break  # results still in flight are dropped by close()
-            venv.send(sample(len(r.env_ids)), r.env_ids)
-            if i % 64 == 63:
-                await asyncio.sleep(0)  # recv() returns without suspending when results already wait
+            venv.send(sample(len(r.env_ids)), r.env_ids)  # recv() above is a checkpoint: other requests run meanwhile
 
     def _record(self, ids: np.ndarray, rewards: np.ndarray, terms: np.ndarray, truncs: np.ndarray) -> None:
         """Per-env returns from one batch of results (rows ``ids``), NEXT_STEP autoreset semantics."""
