@@ -155,7 +155,7 @@ class WorkerPool:
         self.loc = np.full(self.num_envs, -1, dtype=np.int64)  # env -> hosting worker (-1: in transit or lost)
         self._next_id = 0
         self._loop = asyncio.get_running_loop()
-        self._timed_out: set[int] = set()  # workers killed by step_timeout
+        self._timed_out: dict[int, str] = {}  # workers killed by step_timeout -> what outlived it ("step", "reset")
         self._groups: list[tuple[int, np.ndarray]] | None = None  # all envs by worker, until placement changes
         self.kind = "process"  # the placement the last start/resize asked for: "process", "inline" or "hybrid"
         # Resizing: envs move one at a time, each at an episode boundary of its own.
@@ -299,7 +299,7 @@ class WorkerPool:
             return
         head = w.pending[0].t_start
         if head is not None and head <= t_start:  # the command this deadline is for (or an older one) still runs
-            self._timed_out.add(wid)
+            self._timed_out[wid] = "reset" if w.pending[0].op == P.RESET else "step"
             w.handle.kill()  # a hung step: treated as a crash of its worker
 
     def groups(self, env_ids: np.ndarray | None) -> list[tuple[int, np.ndarray]]:
@@ -744,9 +744,9 @@ class WorkerPool:
         self._placement_changed(None)
         self.loc[env_ids] = -1
         cause = None
-        if wid in self._timed_out:
-            self._timed_out.discard(wid)
-            cause = f"killed after a step exceeded step_timeout={self.step_timeout}s"
+        what = self._timed_out.pop(wid, None)
+        if what is not None:
+            cause = f"killed after a {what} exceeded step_timeout={self.step_timeout}s"
         if not self.started and cause is None:
             cause = (f"{describe_exit(exitcode)} while starting; see its output above. If your script creates the "
                      "vector env at import time, put that under `if __name__ == '__main__':` (workers import "
