@@ -101,15 +101,20 @@ class VectorEnv(gym.vector.VectorEnv):
     def _venv_close_bound(self) -> float:
         return float(getattr(self._venv, "close_timeout", None) or 5.0) + 10.0
 
-    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+    def _submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        """Run ``coro`` on the facade's loop; refused (and closed) when the facade is closed or, as in
+        ``AsyncVectorEnv``, an ``*_async`` call is still pending: one call at a time."""
         if self.closed:
             coro.close()
             raise ClosedError("the vector env is closed")
-        if self._pending is not None:  # as AsyncVectorEnv: one call at a time
+        if self._pending is not None:
             coro.close()
-            raise gym.error.AlreadyPendingCallError(
-                f"a call to `{self._pending[0]}_async` is pending: `{self._pending[0]}_wait` for it first", self._pending[0])
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+            pending = self._pending[0]
+            raise gym.error.AlreadyPendingCallError(f"a call to `{pending}_async` is pending: `{pending}_wait` for it first", pending)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return self._submit(coro).result()
 
     @property
     def async_env(self) -> AsyncVecEnv:
@@ -231,15 +236,7 @@ class VectorEnv(gym.vector.VectorEnv):
         return self._wait_call("call", timeout)
 
     def _start_call(self, kind: str, coro: Coroutine[Any, Any, Any]) -> None:
-        if self.closed:
-            coro.close()
-            raise ClosedError("the vector env is closed")
-        if self._pending is not None:
-            coro.close()
-            raise gym.error.AlreadyPendingCallError(
-                f"calling `{kind}_async` while waiting for a pending call to `{self._pending[0]}` to complete",
-                self._pending[0])
-        self._pending = (kind, asyncio.run_coroutine_threadsafe(coro, self._loop))
+        self._pending = (kind, self._submit(coro))
 
     def _wait_call(self, kind: str, timeout: float | None) -> Any:
         if self.closed:

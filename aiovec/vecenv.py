@@ -1206,6 +1206,10 @@ def _is_seed(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) and x >= 0
 
 
+def _bad_seed(seed: Any) -> ConfigError:
+    return ConfigError(f"seed must be None, an int >= 0 or one such seed per env, got {seed!r}")
+
+
 def _normalize_seeds(seed: Any, n: int) -> list[int | None]:
     """One seed (an int >= 0, as gymnasium's ``reset`` takes it, or None) per env, or ``ConfigError``."""
     if seed is None:
@@ -1213,11 +1217,11 @@ def _normalize_seeds(seed: Any, n: int) -> list[int | None]:
     if _is_seed(seed):
         return [int(seed) + i for i in range(n)]
     if isinstance(seed, (str, bytes, dict, float, bool, np.bool_, np.floating)):
-        raise ConfigError(f"seed must be None, an int >= 0 or one such seed per env, got {seed!r}")
+        raise _bad_seed(seed)
     try:
         seeds = list(seed)
     except TypeError:
-        raise ConfigError(f"seed must be None, an int >= 0 or one such seed per env, got {seed!r}") from None
+        raise _bad_seed(seed) from None
     if len(seeds) != n:
         raise ConfigError(f"seed list has {len(seeds)} entries for {n} envs")
     for i, x in enumerate(seeds):
