@@ -9,6 +9,7 @@ stepped without errors) costs a few numpy operations whatever the number of envs
     STEPPING --step_failed--> BROKEN (the env raised; reset it)
     any --worker_lost--> LOST (a READY result already in the buffers stays deliverable)
     STEPPING --worker_restarted--> READY (a synthesised truncation: the worker died mid-step)
+    STEPPING --worker_restarted--> STEPPING (its step was a reset row: sent again, to the new worker)
     IDLE/READY --worker_restarted--> flagged "restarted": the next send truncates instead of stepping
 
 The table knows nothing of workers, sockets or asyncio; the vector env calls its
@@ -78,6 +79,9 @@ class EnvTable:
         n = self.num_envs = num_envs
         self.state = np.full(n, IDLE, dtype=np.int8)
         self._boundary = np.ones(n, dtype=np.bool_)  # at an episode boundary: may move between workers
+        # Reset (or never stepped) since its last row: a boundary that is a start, not an end of an episode.
+        self.fresh = np.ones(n, dtype=np.bool_)
+        self._some_fresh = True
         # Flag arrays whose OR is the boundary of every env, not computed yet (see stepped_in_turn).
         self._flags: tuple[np.ndarray, np.ndarray] | None = None
         self.restarted = np.zeros(n, dtype=np.bool_)  # its worker was replaced while it was idle
@@ -182,6 +186,8 @@ class EnvTable:
         it is read or when the next transition (which any step or reset of an env passes first) leaves
         the table unsettled; until then nothing writes them, since every env is idle."""
         self._flags = (terminations, truncations)  # the boundary, computed only when read or before they change
+        if self._some_fresh:
+            self._unfresh(slice(None))
         self._busy_s += busy_s
         self.settled = True
         self.in_turn_batches += 1
@@ -198,6 +204,8 @@ class EnvTable:
         for i in ids.tolist():
             self.infos[i] = {"worker_restarted": True}
         self.boundary[ids] = True
+        if self._some_fresh:
+            self._unfresh(ids)
         if self.debug:
             self.check()
 
@@ -218,6 +226,8 @@ class EnvTable:
             self._next_arrival += 1
             self.num_ready += self.num_envs
             np.logical_or(terminations, truncations, out=self.boundary)
+            if self._some_fresh:
+                self._unfresh(slice(None))
             if self.debug:
                 self.check()
             return []
@@ -241,6 +251,8 @@ class EnvTable:
             np.logical_or(terminations, truncations, out=self.boundary)
         else:
             self.boundary[rows] = terminations[rows] | truncations[rows]
+        if self._some_fresh:
+            self._unfresh(rows)
         if infos is not None:
             for i, info in zip(ids.tolist(), infos, strict=True):
                 if info:
@@ -327,40 +339,54 @@ class EnvTable:
             ids = ids[~np.isin(ids, failed)]
         self.state[ids] = IDLE
         self.boundary[ids] = True
+        self.fresh[ids] = True
+        self._some_fresh = True
         if self.debug:
             self.check()
 
-    def worker_restarted(self, ids: list[int], ended: frozenset[int] = frozenset()) -> list[int]:
-        """A worker died and a new one takes over ``ids``.
+    def ended(self, i: int) -> bool:
+        """Whether env ``i``'s last row (delivered or ready) ended its episode; for a stepping env, the
+        row before the step in flight."""
+        return bool(self.boundary[i]) and not self.fresh[i]
 
-        STEPPING -> READY (returned: the caller writes their truncation into the buffers),
+    def worker_restarted(self, ids: list[int], reset_rows_follow: bool = False) -> tuple[list[int], list[int]]:
+        """A worker died and a new one takes over ``ids``. Returns ``(truncated, resent)``.
+
+        STEPPING -> READY (``truncated``: the caller writes their truncation into the buffers),
         RESETTING -> BROKEN (the reset is lost; resetting again is allowed), IDLE/READY ->
-        flagged restarted (their next send truncates instead of stepping), except those in ``ended``:
-        their last result ended the episode and their next step starts a new one anyway (the caller
-        knows which autoreset mode makes it so), so no episode is cut.
+        flagged restarted (their next send truncates instead of stepping).
+
+        ``reset_rows_follow`` (next-step autoreset): an env whose last row ended its episode steps
+        into a reset row, which its new worker gives as well as the old one would have, so no episode
+        is cut: idle or ready, it is not flagged; stepping, it stays STEPPING (``resent``: the caller
+        sends that step again, to the new worker) rather than ending a zero-length episode.
         """
         self._unsettle()
-        synthesized = []
+        synthesized, resent = [], []
         for i in ids:
             if i in self.lost:
                 continue  # its own worker is gone for good: nothing restarts it
             st = self.state[i]
-            if st == STEPPING:
+            ended = reset_rows_follow and self.ended(i)
+            if st == STEPPING and ended:
+                resent.append(i)
+            elif st == STEPPING:
                 self.in_flight -= 1
                 self._make_ready(np.array([i]))
                 self.infos[i] = {"worker_restarted": True}
                 self.boundary[i] = True
+                self.fresh[i] = False
                 synthesized.append(i)
             elif st == RESETTING:
                 self.state[i] = BROKEN
-            elif st in (IDLE, READY) and not self.restarted[i] and i not in ended:
+            elif st in (IDLE, READY) and not self.restarted[i] and not ended:
                 self.restarted[i] = True
                 self.num_restarted += 1
         if not self.in_flight and self._busy_since and synthesized:
             self._busy_s += time.perf_counter() - self._busy_since
         if self.debug:
             self.check()
-        return synthesized
+        return synthesized, resent
 
     def worker_lost(self, ids: list[int], err: WorkerCrashedError) -> None:
         """A worker died with no restart left: its envs become LOST (a READY result stays deliverable)."""
@@ -377,6 +403,12 @@ class EnvTable:
             self.lost[i] = err
         if self.debug:
             self.check()
+
+    def _unfresh(self, rows: Any) -> None:
+        """A row arrived for ``rows``: their boundary (if any) is now the end of an episode."""
+        self.fresh[rows] = False
+        if isinstance(rows, slice) or not self.fresh.any():
+            self._some_fresh = False
 
     def _make_ready(self, ids: Any, k: int | None = None) -> None:
         """-> READY, all with one arrival number: envs of one reply finished together (ties: env order)."""
@@ -410,6 +442,8 @@ class EnvTable:
         assert len(np.unique(in_blocks)) == len(in_blocks), "an env has infos pending in two blocks"
         assert all(b.pending is None or b.pending.any() for b in self.info_blocks), "a block with nothing pending is kept"
         assert not set(in_blocks.tolist()) & set(self.infos), "an env has both a dict info and a record info pending"
+        assert not (self.fresh & ~self.boundary).any(), "a fresh env that is not at an episode boundary"
+        assert self._some_fresh or not self.fresh.any(), "fresh envs the table does not know of"
         lost = np.flatnonzero(st == LOST)
         assert all(int(i) in self.lost for i in lost), "a lost env without the error that lost it"
 

@@ -114,6 +114,8 @@ class AsyncVecEnv:
             A new worker takes over the dead one's envs; each interrupted episode comes back
             as ``truncated=True`` with ``infos["worker_restarted"]``, and the env continues
             from a fresh reset whose seed derives from its last seed and the restart count.
+            Under next-step autoreset an episode that had ended is not cut again: its reset row
+            comes from the new worker (a step in flight for it is sent there again).
         restart_backoff: seconds before the first restart; doubles for restarts within 1 s.
         recycle_steps / recycle_rss_mb: replace a worker after that many env steps, or when its
             resident memory exceeds that many MiB (leaky envs); envs move at episode boundaries,
@@ -1074,12 +1076,12 @@ class AsyncVecEnv:
         v.truncations[i] = True  # obs stays the last one delivered: do not bootstrap across it
 
     def _on_worker_restarted(self, err: WorkerCrashedError) -> None:
-        ended: frozenset[int] = frozenset()
-        if self.autoreset_mode == AutoresetMode.NEXT_STEP:  # an env whose last row ended its episode steps into a reset row
-            v = self._views
-            ended = frozenset(i for i in err.env_ids if v.terminations[i] or v.truncations[i])
-        for i in self._table.worker_restarted(list(err.env_ids), ended):
+        next_step = self.autoreset_mode == AutoresetMode.NEXT_STEP
+        truncated, resent = self._table.worker_restarted(list(err.env_ids), reset_rows_follow=next_step)
+        for i in truncated:
             self._write_truncation(i)
+        if resent:  # their step was a reset row: the new worker gives it (restart_state: needs_reset)
+            self._pool.step(np.array(resent, dtype=np.int64), self._on_step_reply)  # type: ignore[union-attr]
         self._notify()
 
     def _on_worker_lost(self, err: WorkerCrashedError) -> None:

@@ -137,10 +137,33 @@ def test_idle_restart_holds_the_env_back_once_with_a_truncation() -> None:
     assert t.send(slice(None))[1] is None  # once only
 
 
+def test_a_restart_mid_step_of_a_reset_row_sends_that_step_again() -> None:
+    """Next-step autoreset: env 0's last row ended its episode, so its step in flight is a reset row; env 1 was
+    reset (a boundary too, but a start); env 2 is mid-episode. Their worker dies mid-step: env 0 stays stepping
+    (sent again, no episode cut), envs 1 and 2 end truncated. Without next-step rows, all three truncate."""
+    for follow, expect in ((True, ([1, 2], [0])), (False, ([0, 1, 2], []))):
+        t = EnvTable(N, debug=True)
+        t.begin_reset(np.arange(N))
+        t.reset_done(np.arange(N), [])
+        t.send(np.arange(N))
+        te = np.zeros(N, bool)
+        te[0] = True
+        t.step_done(np.arange(N), te, np.zeros(N, bool), None, None)
+        t.collect(slice(None))
+        assert t.ended(0) and not t.ended(2) and not t.fresh.any()
+        t.begin_reset(np.array([1]))
+        t.reset_done([1], [])
+        assert not t.ended(1) and t.boundary[1]
+        t.send(np.arange(N))
+        assert t.worker_restarted([0, 1, 2], reset_rows_follow=follow) == expect
+        assert t.state[0] == (STEPPING if follow else READY) and t.state[1] == READY and t.state[3] == STEPPING
+        assert t.in_flight == (N - 2 if follow else N - 3)
+
+
 def test_mid_step_restart_and_loss() -> None:
     t = EnvTable(N, debug=True)
     t.send(np.arange(N))
-    assert t.worker_restarted([0, 1]) == [0, 1]  # mid-step: synthesised truncations, ready at once
+    assert t.worker_restarted([0, 1]) == ([0, 1], [])  # mid-step: synthesised truncations, ready at once
     assert t.in_flight == N - 2 and t.num_ready == 2
     err = crash([2, 3])
     t.worker_lost([2, 3], err)

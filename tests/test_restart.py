@@ -24,6 +24,25 @@ def healthy_env() -> gym.Env:
     return gym.make("aiovec/Fault-v0", fault="raise", at_step=None)
 
 
+class SlowResets(gym.Wrapper):
+    """Every reset after the first sleeps ``reset_s``: a worker can be killed while it computes a reset row."""
+
+    def __init__(self, env: gym.Env, reset_s: float) -> None:
+        super().__init__(env)
+        self.reset_s = reset_s
+        self.resets = 0
+
+    def reset(self, **kwargs):  # type: ignore[no-untyped-def]
+        if self.resets:
+            time.sleep(self.reset_s)
+        self.resets += 1
+        return self.env.reset(**kwargs)
+
+
+def two_step_env_with_slow_resets() -> gym.Env:
+    return SlowResets(gym.make("aiovec/Sleep-v0", wait_ms=0.0, obs_dim=4, episode_len=2), reset_s=0.5)
+
+
 @pytest.mark.parametrize("fault", ["sigkill", "exit", "segfault"])
 def test_crashed_worker_is_replaced_and_episode_truncated(fault: str, clean) -> None:
     async def main() -> None:
@@ -52,6 +71,37 @@ def test_crashed_worker_is_replaced_and_episode_truncated(fault: str, clean) -> 
             assert info.value.env_ids == (0, 1)
 
     aiovec.run(main())
+    assert_clean(clean)
+
+
+def test_a_worker_killed_while_it_computes_reset_rows_cuts_no_episode(run_uv, clean) -> None:
+    """Next-step autoreset: the step after an episode's last row is a reset row. Its worker killed while computing
+    it (restarts allowed), the new worker gives that reset row, not a truncation of an episode that had already
+    ended (a zero-length episode flagged ``worker_restarted``); the episode then runs its full two steps."""
+
+    async def main() -> None:
+        fns = [two_step_env_with_slow_resets] * 2
+        async with aiovec.AsyncVecEnv(fns, num_workers=1, placement="process", controller=None, max_restarts=1,
+                                      restart_backoff=0.0) as venv:
+            await asyncio.wait_for(venv.reset(seed=0), 30)
+            act = np.zeros(2, dtype=np.int64)
+            await asyncio.wait_for(venv.step(act), 30)
+            last, _, _, trunc, _ = await asyncio.wait_for(venv.step(act), 30)
+            assert trunc.all()
+            (pid,) = (w["pid"] for w in venv.stats()["workers"])
+            step = asyncio.ensure_future(venv.step(act))
+            await asyncio.sleep(0.2)  # the worker sleeps in the first env's reset
+            os.kill(pid, signal.SIGKILL)
+            obs, rew, term, trunc, infos = await asyncio.wait_for(step, 30)
+            assert venv.stats()["restarts"] == 1
+            assert rew.tolist() == [0.0, 0.0] and not term.any() and not trunc.any(), (rew, term, trunc, infos)
+            assert "worker_restarted" not in infos and not (obs == last).all(axis=1).any()
+            _, _, term, trunc, _ = await asyncio.wait_for(venv.step(act), 30)
+            assert not (term | trunc).any()
+            _, _, term, trunc, _ = await asyncio.wait_for(venv.step(act), 30)
+            assert trunc.all() and not term.any()
+
+    run_uv(main())
     assert_clean(clean)
 
 

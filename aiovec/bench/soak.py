@@ -28,8 +28,8 @@ from aiovec.pool import _rss_mb
 FAULT_KINDS = ("sigkill", "exit", "segfault")
 
 
-def _env(i: int, fault: str, rate: float) -> gym.Env:
-    return gym.make("aiovec/Fault-v0", fault=fault, rate=rate, tag=float(i), episode_len=50, cpu_ms=0.05)
+def _env(i: int, fault: str, rate: float, episode_len: int = 50) -> gym.Env:
+    return gym.make("aiovec/Fault-v0", fault=fault, rate=rate, tag=float(i), episode_len=episode_len, cpu_ms=0.05)
 
 
 def _children() -> set[int]:
@@ -147,7 +147,8 @@ class _Ledger:
         self.last = first_obs[:, 1].copy()
         self.done = np.zeros(n, bool)
         self.counts = {"steps": 0, "transitions_sent": 0, "transitions_received": 0, "lost": 0, "duplicated": 0,
-                       "misattributed": 0, "out_of_sequence": 0, "restarted_rows": 0}
+                       "misattributed": 0, "out_of_sequence": 0, "restarted_rows": 0,
+                       "ended_twice": 0}
 
     def sent(self) -> None:
         self.counts["steps"] += 1
@@ -162,9 +163,10 @@ class _Ledger:
             np.asarray(infos.get("_worker_restarted", np.ones(len(obs), bool)), bool)
         step = obs[:, 1]
         # a restarted row is the episode's truncation with the last delivered observation; after any end (NEXT_STEP)
-        # the next row is the reset (step 0); otherwise the counter grows by one
+        # the next row is the reset (step 0), even where a restart came between; otherwise the counter grows by one
         expected = np.where(restarted, self.last, np.where(self.done, 0, self.last + 1))
         bad = (step != expected) | (restarted & ~truncs)
+        c["ended_twice"] += int((restarted & self.done).sum())  # a zero-length episode: an ended one cut again
         c["out_of_sequence"] += int(bad.sum())
         c["restarted_rows"] += int(restarted.sum())
         self.last = step.copy()
@@ -185,7 +187,8 @@ async def idle_kill_soak(seconds: float, kill: str = "both", num_envs: int = 8, 
     ``timeout_s`` (a timeout counts as a hang and ends the run); an exception from ``step`` is
     counted by type and ends the run (after one, the vector env's state cannot be trusted).
     """
-    fns = [functools.partial(_env, i, "raise", 0.0) for i in range(num_envs)]
+    # Episodes shorter than the gap between kills of one worker's envs, so kills land on reset rows too.
+    fns = [functools.partial(_env, i, "raise", 0.0, episode_len=8) for i in range(num_envs)]
     before = _children()
     t0 = time.perf_counter()
     hangs, kills = 0, {"idle": 0, "mid_step": 0, "mid_step_landed_in_flight": 0}
@@ -242,7 +245,7 @@ async def idle_kill_soak(seconds: float, kill: str = "both", num_envs: int = 8, 
 
 
 SUMMED = ("steps", "transitions_sent", "transitions_received", "lost", "duplicated", "misattributed", "out_of_sequence",
-          "restarted_rows", "kills_idle", "kills_mid_step", "mid_step_kills_in_flight", "restarts", "hangs", "errors",
+          "ended_twice", "restarted_rows", "kills_idle", "kills_mid_step", "mid_step_kills_in_flight", "restarts", "hangs", "errors",
           "leaked_processes")
 
 

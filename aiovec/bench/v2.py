@@ -196,8 +196,10 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         add(f"constructor stall, {case['name']}: max gap <= 20 ms", case["gaps"]["max_ms"], 20.0, higher=False)
     sk = report.get("soak")
     if sk:
-        bad = sum(sk[k] for k in ("lost", "duplicated", "misattributed", "out_of_sequence", "hangs", "leaked_processes", "errors"))
-        add("soak with idle-time and mid-step kills: lost+duplicated+misattributed+out-of-sequence+hangs+leaks+errors == 0",
+        bad = sum(sk.get(k, 0) for k in ("lost", "duplicated", "misattributed", "out_of_sequence", "ended_twice", "hangs",
+                                         "leaked_processes", "errors"))
+        add("soak with idle-time and mid-step kills: lost+duplicated+misattributed+out-of-sequence+ended-twice+hangs+leaks"
+            "+errors == 0",
             bad, 0, higher=False)
     return out
 
