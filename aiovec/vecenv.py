@@ -116,6 +116,7 @@ class AsyncVecEnv:
             from a fresh reset whose seed derives from its last seed and the restart count.
             Under next-step autoreset an episode that had ended is not cut again: its reset row
             comes from the new worker (a step in flight for it is sent there again).
+            A reset in flight is sent again to the new worker, with the same seeds.
         restart_backoff: seconds before the first restart; doubles for restarts within 1 s.
         recycle_steps / recycle_rss_mb: replace a worker after that many env steps, or when its
             resident memory exceeds that many MiB (leaky envs); envs move at episode boundaries,
@@ -577,12 +578,19 @@ class AsyncVecEnv:
                 self._seeds[i] = seeds[i]
         infos: list[tuple[int, dict]] = []
         errors: list[AiovecError] = []
-        done = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
         remaining = [0]
 
+        def build(g: list[int]) -> P.Reset:
+            return P.Reset(tuple(g), [seeds[i] for i in g], options)
+
         def handler(wid: int, reply: Any, error: BaseException | None) -> None:
+            if isinstance(error, WorkerCrashedError):
+                loop.call_soon(retry_or_fail, error)  # once the pool has decided: restart or loss
+                return
             if error is not None:
-                errors.append(error)  # envs marked lost by _on_worker_lost
+                errors.append(error)
             else:
                 failed = []
                 for e in reply.errors or ():
@@ -593,13 +601,27 @@ class AsyncVecEnv:
                     infos.extend((i, info) for i, info in zip(reply.env_ids, reply.payload, strict=True) if info and i not in failed)
                 if self._pool is not None and self._pool.pending_moves:
                     self._pool.try_moves()
+            settle_one()
+
+        def retry_or_fail(error: WorkerCrashedError) -> None:
+            """A worker died during the reset: a restarted worker's envs (their reset lost: BROKEN) reset again
+            there, with the same seeds; lost envs (no restart left) raise the crash."""
+            again = np.array([i for i in error.env_ids if table.state[i] == BROKEN and i not in table.lost and i in wanted],
+                             dtype=np.int64)
+            if len(again) and not self._closed and self._pool is not None:
+                table.begin_reset(again)
+                remaining[0] += self._pool.submit(again, build, handler)
+            else:
+                errors.append(error)  # envs marked lost by _on_worker_lost
+            settle_one()
+
+        def settle_one() -> None:
             remaining[0] -= 1
             if remaining[0] == 0 and not done.done():
                 done.set_result(None)
 
-        remaining[0] = self._pool.submit(  # type: ignore[union-attr]
-            None if len(ids) == n else ids, lambda g: P.Reset(tuple(g), [seeds[i] for i in g], options), handler
-        )
+        wanted = set(ids.tolist())
+        remaining[0] = self._pool.submit(None if len(ids) == n else ids, build, handler)  # type: ignore[union-attr]
         await done
         if errors:
             for err in errors:

@@ -105,6 +105,30 @@ def test_a_worker_killed_while_it_computes_reset_rows_cuts_no_episode(run_uv, cl
     assert_clean(clean)
 
 
+def test_a_worker_killed_during_reset_is_replaced_and_the_reset_completes(run_uv, clean) -> None:
+    """With restarts left, a worker that dies during ``reset()`` costs one restart, not the reset: its envs reset
+    again on the new worker, with the same seeds, and ``reset()`` returns what it would have returned."""
+
+    async def main() -> None:
+        fns = [two_step_env_with_slow_resets] * 4
+        async with aiovec.AsyncVecEnv(fns, num_workers=2, placement="process", controller=None, max_restarts=1,
+                                      restart_backoff=0.0) as venv:
+            await asyncio.wait_for(venv.reset(seed=0), 30)
+            pid = venv.stats()["workers"][0]["pid"]
+            reset = asyncio.ensure_future(venv.reset(seed=7))
+            await asyncio.sleep(0.2)  # both workers sleep in a reset
+            os.kill(pid, signal.SIGKILL)
+            obs, infos = await asyncio.wait_for(reset, 30)
+            assert venv.stats()["restarts"] == 1
+            expected = np.stack([two_step_env_with_slow_resets().reset(seed=7 + i)[0] for i in range(4)])
+            np.testing.assert_array_equal(obs, expected)
+            _, _, term, trunc, infos = await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 30)
+            assert not (term | trunc).any() and "worker_restarted" not in infos
+
+    run_uv(main())
+    assert_clean(clean)
+
+
 def test_hung_env_is_killed_by_step_timeout_and_restarted(clean) -> None:
     async def main() -> None:
         fns = [functools.partial(fault_env, "hang", 2), healthy_env]
