@@ -113,8 +113,16 @@ class VectorEnv(gym.vector.VectorEnv):
             raise gym.error.AlreadyPendingCallError(f"a call to `{pending}_async` is pending: `{pending}_wait` for it first", pending)
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return self._submit(coro).result()
+    def _run(self, coro: Coroutine[Any, Any, Any], kind: str | None = None) -> Any:
+        """Run ``coro`` on the loop and wait for it. A ``reset``/``step``/``call`` (``kind``) that the wait gives up
+        on (Ctrl-C) goes on, as ``AsyncVectorEnv``'s does: its result waits for ``{kind}_wait``, nothing is lost."""
+        fut = self._submit(coro)
+        try:
+            return fut.result()
+        except BaseException:
+            if kind is not None and not fut.done():
+                self._pending = (kind, fut)
+            raise
 
     @property
     def async_env(self) -> AsyncVecEnv:
@@ -131,7 +139,7 @@ class VectorEnv(gym.vector.VectorEnv):
         ((3, 4), True)
         >>> envs.close()
         """
-        return self._run(self._venv.reset(seed=seed, options=options))
+        return self._run(self._venv.reset(seed=seed, options=options), "reset")
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Step every env; gymnasium's 5-tuple with rows in env order and autoreset per ``autoreset_mode``.
@@ -146,7 +154,7 @@ class VectorEnv(gym.vector.VectorEnv):
         ['final_info', 'final_obs']
         >>> envs.close()
         """
-        return self._run(_step_whole(self._venv, actions))
+        return self._run(_step_whole(self._venv, actions), "step")
 
     def call(self, name: str, *args: Any, env_ids: Sequence[int] | None = None, **kwargs: Any) -> tuple[Any, ...]:
         """Call ``env.name(*args, **kwargs)`` (or read the attribute) in each env, or in those in ``env_ids``.
@@ -156,7 +164,7 @@ class VectorEnv(gym.vector.VectorEnv):
         (9.8,)
         >>> envs.close()
         """
-        return self._run(self._venv.call(name, *args, env_ids=env_ids, **kwargs))
+        return self._run(self._venv.call(name, *args, env_ids=env_ids, **kwargs), "call")
 
     def get_attr(self, name: str, env_ids: Sequence[int] | None = None) -> tuple[Any, ...]:
         """Read attribute ``name`` of each env (or of those in ``env_ids``), through its wrappers.

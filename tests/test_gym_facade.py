@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import multiprocessing
+import os
+import signal
 import threading
 import time
 
@@ -277,6 +279,32 @@ def test_a_wait_that_times_out_leaves_the_call_pending(clean) -> None:
         assert obs.shape == (2, 4)
     finally:
         envs.close()
+    assert_clean(clean)
+
+
+def test_a_step_interrupted_by_ctrl_c_goes_on_and_its_result_waits_for_step_wait(clean) -> None:
+    """As ``AsyncVectorEnv``'s: Ctrl-C in a blocking ``step()`` leaves the step pending (not consumed unseen), the
+    next ``step()`` says to wait for it, and ``step_wait()`` returns that step's transitions."""
+    slow = functools.partial(gym.make, "aiovec/Sleep-v0", wait_ms=400.0, obs_dim=4)
+    envs = aiovec.VectorEnv([slow] * 2, num_workers=1)
+    reference = gym.vector.SyncVectorEnv([slow] * 2)
+    try:
+        envs.reset(seed=0)
+        reference.reset(seed=0)
+        act = np.ones(2, dtype=np.int64)
+        timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            envs.step(act)
+        timer.join()
+        with pytest.raises(gym.error.AlreadyPendingCallError):
+            envs.step(act)
+        got = envs.step_wait(timeout=30)
+        assert_tree_equal(got[:4], reference.step(act)[:4])
+        assert_tree_equal(envs.step(act)[:4], reference.step(act)[:4])  # and on it goes
+    finally:
+        envs.close()
+        reference.close()
     assert_clean(clean)
 
 
