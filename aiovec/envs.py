@@ -133,7 +133,8 @@ class PhaseChangeEnv(CostEnv):
         return cpu_ms, wait_ms
 
 
-FAULTS = ("raise", "exit", "sigkill", "segfault", "hang", "bad_obs")
+MISFITS = ("bad_obs", "scalar_obs", "array_reward")  # a result the vector env cannot store: that env's error
+FAULTS = ("raise", "exit", "sigkill", "segfault", "hang", *MISFITS)
 
 
 class FaultEnv(CostEnv):
@@ -141,8 +142,10 @@ class FaultEnv(CostEnv):
 
     ``fault`` is one of ``raise`` (exception in ``step``), ``exit`` (``os._exit(3)``),
     ``sigkill`` (kills its own process), ``segfault`` (a real one, through ctypes) or
-    ``hang`` (sleeps ``hang_s``) or ``bad_obs`` (an observation one element longer than the space: the
-    vector env cannot store it). Use it to test your own pipeline's failure handling.
+    ``hang`` (sleeps ``hang_s``), ``bad_obs`` (an observation one element longer than the space: the
+    vector env cannot store it), ``scalar_obs`` (a float for the whole observation: numpy would broadcast it
+    across the row) or ``array_reward`` (the reward as a one-element array, which ``SyncVectorEnv`` cannot
+    store either). Use it to test your own pipeline's failure handling.
     With ``tag`` set, ``obs[0]`` is the tag and ``obs[1]`` the step within the episode,
     so a consumer can check that every transition is attributed to the right env.
     """
@@ -169,12 +172,17 @@ class FaultEnv(CostEnv):
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         self._total += 1
         fault = (self.at_step is not None and self._total == self.at_step) or (self.rate > 0 and self.np_random.random() < self.rate)
-        if fault and self.fault != "bad_obs":
+        if fault and self.fault not in MISFITS:
             self.inject()
         obs, reward, term, trunc, info = super().step(action)
-        if fault:
+        obs = self._tagged(obs)
+        if fault and self.fault == "bad_obs":
             obs = np.append(obs, obs[:1])
-        return self._tagged(obs), reward, term, trunc, info
+        elif fault and self.fault == "scalar_obs":
+            obs = float(obs[0])
+        elif fault and self.fault == "array_reward":
+            reward = np.array([reward])
+        return obs, reward, term, trunc, info
 
     def inject(self) -> None:
         if self.fault == "raise":

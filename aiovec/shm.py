@@ -9,13 +9,15 @@ hosts it, so moving an env between workers moves no buffer.
 
 from __future__ import annotations
 
-from ctypes import c_bool
+from ctypes import c_bool, c_uint8
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import create_shared_memory, read_from_shared_memory
+
+from .spaces import action_buffer_space, action_dtype_codes
 
 
 @dataclass
@@ -27,6 +29,7 @@ class Views:
     rewards: np.ndarray
     terminations: np.ndarray
     truncations: np.ndarray
+    action_dtypes: np.ndarray | None = None  # per env, the caller's dtype of its action (see spaces.action_dtype_codes)
 
 
 class _Raw:
@@ -68,7 +71,11 @@ class SharedBuffers:
         self.num_envs = num_envs
         raw = _LockFree(ctx)
         self._obs = create_shared_memory(obs_space, num_envs, raw)
-        self._actions = create_shared_memory(action_space, num_envs, raw)
+        self._action_buffer_space = action_buffer_space(action_space)
+        self._actions = create_shared_memory(self._action_buffer_space, num_envs, raw)
+        self._action_dtypes = raw.Array(c_uint8, num_envs) if self._action_buffer_space is not action_space else None
+        if self._action_dtypes is not None:
+            action_dtype_codes(action_space, num_envs, lambda n: np.frombuffer(self._action_dtypes.get_obj(), dtype=np.uint8))
         self._rewards = raw.Array("d", num_envs)
         self._terminations = raw.Array(c_bool, num_envs)
         self._truncations = raw.Array(c_bool, num_envs)
@@ -77,8 +84,9 @@ class SharedBuffers:
         n = self.num_envs
         return Views(
             obs=read_from_shared_memory(self.obs_space, self._obs, n),
-            actions=read_from_shared_memory(self.action_space, self._actions, n),
+            actions=read_from_shared_memory(self._action_buffer_space, self._actions, n),
             rewards=np.frombuffer(self._rewards.get_obj(), dtype=np.float64),
             terminations=np.frombuffer(self._terminations.get_obj(), dtype=np.bool_),
             truncations=np.frombuffer(self._truncations.get_obj(), dtype=np.bool_),
+            action_dtypes=None if self._action_dtypes is None else np.frombuffer(self._action_dtypes.get_obj(), dtype=np.uint8),
         )

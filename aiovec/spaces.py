@@ -8,6 +8,7 @@ rows of such views without a Python loop over envs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,52 @@ def put_row(view: Any, row: int, value: Any) -> None:
             put_row(v, row, x)
     else:
         view[row] = value
+
+
+def action_buffer_space(space: spaces.Space) -> spaces.Space:
+    """The space of the action buffer: a float ``Box`` narrower than float64 is carried as float64, so any float
+    action arrives exactly; each env's row is handed to the env in the dtype the caller gave it (see
+    :func:`action_dtype_codes`), as ``SyncVectorEnv`` hands over rows of the caller's array."""
+    if isinstance(space, spaces.Box) and space.dtype.kind == "f" and space.dtype != np.float64:
+        return spaces.Box(space.low.astype(np.float64), space.high.astype(np.float64), space.shape, np.float64)
+    return space
+
+
+def action_dtype_codes(space: spaces.Space, n: int, fn: Callable[[int], np.ndarray] | None = None) -> np.ndarray | None:
+    """Per env, the dtype of its last action (``ord(dtype.char)``), where the buffer's dtype is not the caller's:
+    None for other spaces. Starts at the space's dtype. ``fn(n)``: where the array lives (default: a new one)."""
+    if action_buffer_space(space) is space:
+        return None
+    codes = fn(n) if fn is not None else np.empty(n, dtype=np.uint8)
+    codes[:] = ord(space.dtype.char)
+    return codes
+
+
+def row_writer(view: Any) -> Callable[[int, Any], None]:
+    """``put(row, value)`` for values an env returned: a leaf whose shape differs from its row's raises
+    ``ValueError`` (numpy would broadcast a scalar across the row, or one env's vector across rows), as
+    ``SyncVectorEnv`` refuses it; an array of the row's shape costs one type and one shape test."""
+    if isinstance(view, dict):
+        puts = {k: row_writer(v) for k, v in view.items()}
+
+        def put_dict(row: int, value: Any) -> None:
+            for k, put in puts.items():
+                put(row, value[k])
+        return put_dict
+    if isinstance(view, tuple):
+        parts = [row_writer(v) for v in view]
+
+        def put_tuple(row: int, value: Any) -> None:
+            for put, x in zip(parts, value, strict=True):
+                put(row, x)
+        return put_tuple
+    shape = view.shape[1:]
+
+    def put(row: int, value: Any) -> None:
+        if (type(value) is not np.ndarray or value.shape != shape) and np.shape(value) != shape:
+            raise ValueError(f"the env returned a value of shape {np.shape(value)} where its space's shape is {shape}")
+        view[row] = value
+    return put
 
 
 def get_row(view: Any, row: int) -> Any:
@@ -163,11 +210,13 @@ class ActionChecker:
         if isinstance(space, spaces.Discrete) and int(space.start) == 0 and self._dtype.kind in "iu":
             self._bound = int(space.n)
         self._box = isinstance(space, spaces.Box)
+        self._any_float = self._box and self._dtype.kind == "f"  # carried as float64 (action_buffer_space): any float fits
         self._unsigned = np.dtype(f"u{self._dtype.itemsize}") if self._dtype is not None and self._dtype.kind in "iu" else None
 
     def __call__(self, actions: Any, n: int) -> Any:
         if (n == self.n and type(actions) is np.ndarray and actions.shape == self._shape
-                and (actions.dtype is self._dtype or actions.dtype == self._dtype)):
+                and (actions.dtype is self._dtype or actions.dtype == self._dtype
+                     or (self._any_float and actions.dtype.kind == "f"))):
             if self._box:
                 return actions
             bound = self._bound

@@ -685,6 +685,8 @@ class AsyncVecEnv:
                 )
         if self._flat_actions:
             v.actions[rows] = acts
+            if v.action_dtypes is not None:  # the buffer is wider than the space: the env gets the caller's dtype
+                v.action_dtypes[rows] = ord(acts.dtype.char)
         else:
             put_rows(v.actions, rows, acts)
 
@@ -840,7 +842,9 @@ class AsyncVecEnv:
         if self._control_error is not None:
             self._raise_control_error()
         if table.settled and self._flat_actions and not self._disabled:  # _put_actions' case of idle envs, flat actions
-            self._views.actions[:] = self._check_actions(actions, self.num_envs)
+            acts = self._views.actions[:] = self._check_actions(actions, self.num_envs)
+            if self._views.action_dtypes is not None:
+                self._views.action_dtypes[:] = ord(acts.dtype.char)
         else:
             self._put_actions(actions, None)
         stepped = self._step_in_turn()

@@ -27,7 +27,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from . import protocol as P
-from .spaces import get_row, put_row
+from .spaces import get_row, row_writer
 
 _SCHEDSTAT = "/proc/self/schedstat"
 
@@ -185,9 +185,10 @@ class EnvHost:
         # Flat spaces (one array per buffer) skip the generic row helpers on the hot path.
         flat_act = isinstance(views.actions, np.ndarray)
         self._scalar_actions = flat_act and views.actions.ndim == 1
-        self._get_action = (_flat_action(views.actions) if flat_act else (lambda i: get_row(views.actions, i)))
-        self._put_obs = views.obs.__setitem__ if isinstance(views.obs, np.ndarray) else (lambda i, o: put_row(views.obs, i, o))
+        self._get_action = (_flat_action(views.actions, views.action_dtypes) if flat_act else (lambda i: get_row(views.actions, i)))
+        self._put_obs = row_writer(views.obs)  # an env's value of another shape is its error, never broadcast
         self._flat_obs = isinstance(views.obs, np.ndarray)
+        self._obs_shape = views.obs.shape[1:] if self._flat_obs else None
 
     def set_threads(self, env_threads: int) -> None:
         """Step a command's envs on ``env_threads`` threads (for envs that wait with the GIL released).
@@ -272,7 +273,16 @@ class EnvHost:
         return cpu, wall, infos, errors
 
     def step(self, ids: Any) -> tuple[list | None, list | None]:
-        """Step (or autoreset) each env in ``ids``: ``(infos aligned with ids or None, errors or None)``."""
+        """Step (or autoreset) each env in ``ids``: ``(infos aligned with ids or None, errors or None)``.
+
+        An env's own failure is its error; a failure of this code is every env's, so no command goes unanswered
+        (in this process, an exception here would leave its step in flight for good)."""
+        try:
+            return self._step(ids)
+        except Exception as exc:
+            return None, [_describe(i, exc) for i in ids]
+
+    def _step(self, ids: Any) -> tuple[list | None, list | None]:
         if self._threads is not None and len(ids) > 1:
             results = self._step_threaded(ids)
             infos = errors = None
@@ -326,16 +336,23 @@ class EnvHost:
                     infos = [None] * n
                 infos[k] = info
         if errors is None and n > 1 and ids is self.shard and ids[-1] - ids[0] == n - 1 and self._flat_obs:
-            rows = slice(ids[0], ids[-1] + 1)  # the shard is sorted: its ids ascend, here without a gap
-            try:
-                v.obs[rows] = obs_out
-            except Exception:
-                pass  # an observation that does not fit: row by row below, where it is attributed to its env
+            # One slice assignment per buffer, where every observation is an array of its row's shape (anything else
+            # numpy would broadcast across rows) and every value fits; else row by row, where a misfit is its env's error.
+            shape = self._obs_shape
+            for o in obs_out:
+                if type(o) is not np.ndarray or o.shape != shape:
+                    break
             else:
-                v.rewards[rows] = rew_out
-                v.terminations[rows] = term_out
-                v.truncations[rows] = trunc_out
-                return infos, None
+                rows = slice(ids[0], ids[-1] + 1)  # the shard is sorted: its ids ascend, here without a gap
+                try:
+                    v.obs[rows] = obs_out
+                    v.rewards[rows] = rew_out
+                    v.terminations[rows] = term_out
+                    v.truncations[rows] = trunc_out
+                except Exception:
+                    pass
+                else:
+                    return infos, None
         return infos, self._write_rows(ids, obs_out, rew_out, term_out, trunc_out, errors)
 
     def _step_threaded(self, ids: Any) -> list[tuple[dict | None, P.ErrorInfo | None]]:
@@ -367,12 +384,11 @@ class EnvHost:
                 continue
             try:
                 put_obs(i, obs_out[k])
+                v.rewards[i] = rew_out[k]
+                v.terminations[i] = term_out[k]
+                v.truncations[i] = trunc_out[k]
             except Exception as exc:
                 errors = [*(errors or ()), _describe(i, exc)]
-                continue
-            v.rewards[i] = rew_out[k]
-            v.terminations[i] = term_out[k]
-            v.truncations[i] = trunc_out[k]
         return errors
 
     def step_one(self, i: int) -> tuple[dict | None, P.ErrorInfo | None]:
@@ -398,11 +414,11 @@ class EnvHost:
             if self.check_obs:
                 self._check(obs)
             self._put_obs(i, obs)
+            v.rewards[i] = reward
+            v.terminations[i] = term
+            v.truncations[i] = trunc
         except Exception as exc:
             return None, _describe(i, exc)
-        v.rewards[i] = reward
-        v.terminations[i] = term
-        v.truncations[i] = trunc
         return info, None
 
     def _reset(self, ids: tuple[int, ...], seeds: list, options: dict | None, errors: list) -> list | None:
@@ -500,8 +516,19 @@ class EnvHost:
             self._threads.shutdown(wait=False)
 
 
-def _flat_action(actions: np.ndarray) -> Any:
-    """Row ``i`` of a flat action buffer, as the single space's sample would look."""
+def _flat_action(actions: np.ndarray, dtypes: np.ndarray | None = None) -> Any:
+    """Row ``i`` of a flat action buffer, as the single space's sample would look; where the buffer is wider than
+    the space (``dtypes``: see :func:`~aiovec.spaces.action_buffer_space`), in the dtype the caller gave it."""
+    if dtypes is not None:
+        by_code: dict[int, np.dtype] = {}
+
+        def in_callers_dtype(i: int) -> np.ndarray:
+            code = dtypes.item(i)
+            dtype = by_code.get(code)
+            if dtype is None:
+                dtype = by_code[code] = np.dtype(chr(code))
+            return actions[i].astype(dtype)  # a copy, as below
+        return in_callers_dtype
     if actions.ndim == 1:
         return actions.__getitem__  # a numpy scalar: immutable, no copy needed
     # A copy, so an env that keeps its action never sees the next one overwrite it.

@@ -406,6 +406,91 @@ def test_observations_travel_through_shared_memory_not_pickles(run, clean) -> No
     assert_clean(clean)
 
 
+class ActionEcho(gym.Env):
+    """Observes its last action as it arrived: its value in float64 and its dtype's size (a float32 Box)."""
+
+    observation_space = spaces.Box(-np.inf, np.inf, (2,), np.float64)
+    action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(2), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return np.array([float(action[0] * 3), action.dtype.itemsize]), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("placement", ["inline", "process", "hybrid"])
+def test_actions_reach_the_env_in_the_callers_dtype_as_sync_vector_env_passes_them(run_uv, clean, placement: str) -> None:
+    """float64 actions for a float32 Box arrive as float64 rows, float32 ones as float32, whichever API sent them,
+    as ``SyncVectorEnv`` hands over rows of the caller's array: so a float64 policy's trajectories (Pendulum's too)
+    equal ``SyncVectorEnv``'s, not those of actions rounded to float32 on the way."""
+    n = 4
+    rng = np.random.default_rng(0)
+    acts64 = rng.uniform(-2, 2, (60, n, 1))
+
+    async def main() -> None:
+        kw = {"num_workers": 2} if placement == "hybrid" else {}
+        async with AsyncVecEnv([ActionEcho] * n, placement=placement, **kw) as venv:
+            await wait(venv.reset(seed=0))
+            ref = SyncVectorEnv([ActionEcho] * n)
+            ref.reset(seed=0)
+            for a in (acts64[0], acts64[1].astype(np.float32), acts64[2]):
+                assert_tree_equal((await wait(venv.step(a)))[0], ref.step(a)[0])
+            venv.send(acts64[3][:2], np.array([0, 1]))
+            venv.send(acts64[3][2:].astype(np.float32), np.array([2, 3]))
+            got = {int(i): r.obs[k] for r in await wait(venv.drain()) for k, i in enumerate(r.env_ids)}
+            want = ref.step(np.concatenate([acts64[3][:2], acts64[3][2:].astype(np.float32).astype(np.float64)]))[0]
+            assert [got[i][1] for i in range(n)] == [8.0, 8.0, 4.0, 4.0]
+            assert [got[i][0] for i in range(n)] == [want[0][0], want[1][0],
+                                                      float(acts64[3][2, 0].astype(np.float32) * 3), float(acts64[3][3, 0].astype(np.float32) * 3)]
+            ref.close()
+        async with aiovec.make("Pendulum-v1", n, placement=placement, **kw) as venv:
+            ref = gym.make_vec("Pendulum-v1", n, vectorization_mode="sync")
+            assert_tree_equal((await wait(venv.reset(seed=3)))[0], ref.reset(seed=3)[0])
+            for t, a in enumerate(acts64):
+                got, want = (await wait(venv.step(a)))[:2], ref.step(a)[:2]
+                assert_tree_equal(got, want, f"step {t}")
+            ref.close()
+
+    run_uv(main())
+    assert_clean(clean)
+
+
+class OneElementFlags(gym.Env):
+    """Returns ``terminated`` as a one-element array (``np.abs(x) > 1`` for a shape-(1,) state): numpy stores it in a
+    bool row, so ``SyncVectorEnv`` takes it."""
+
+    observation_space = spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.x = np.zeros(1, np.float32)
+        return self.x.copy(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.x += 0.4 + 0.1 * int(action)
+        return self.x.copy(), 1.0, np.abs(self.x) > 1.0, False, {}
+
+
+@pytest.mark.parametrize("placement", ["inline", "process", "hybrid"])
+def test_one_element_array_flags_are_taken_as_sync_vector_env_takes_them(run_uv, clean, placement: str) -> None:
+    async def main() -> None:
+        kw = {"num_workers": 2} if placement == "hybrid" else {}
+        async with AsyncVecEnv([OneElementFlags] * 4, placement=placement, **kw) as venv:
+            ref = SyncVectorEnv([OneElementFlags] * 4)
+            await wait(venv.reset(seed=0))
+            ref.reset(seed=0)
+            for t in range(8):
+                a = np.array([t % 2, 1, 0, 1])
+                assert_tree_equal((await wait(venv.step(a)))[:4], ref.step(a)[:4], f"step {t}")
+            ref.close()
+
+    run_uv(main())
+    assert_clean(clean)
+
+
 # -- factories -----------------------------------------------------------------------------
 def test_lambda_closure_and_local_factories_work(run, clean) -> None:
     steps_limit = 4  # captured by the closure below

@@ -124,15 +124,17 @@ def test_env_exception_is_relayed_and_the_worker_survives(run, clean) -> None:
     assert_clean(clean)
 
 
+@pytest.mark.parametrize("fault", ["bad_obs", "scalar_obs", "array_reward"])
 @pytest.mark.parametrize("placement", ["inline", "process"])
-def test_an_observation_that_does_not_fit_is_that_envs_error(run, clean, placement: str) -> None:
+def test_a_result_that_does_not_fit_is_that_envs_error(run, clean, placement: str, fault: str) -> None:
     """Every env on one worker, stepped as a whole shard (its rows written at once): an observation of the wrong
-    shape is an EnvError of its own env, the other envs' results of that step are delivered, and after a reset
-    of that env everything steps on like the references."""
+    shape (one element too many, or a scalar numpy would broadcast across the row) or a reward that is an array
+    is an EnvError of its own env (``SyncVectorEnv`` raises too), never written into any row; the other envs'
+    results of that step are delivered, and after a reset of that env everything steps on like the references."""
 
     async def main() -> None:
         refs = [RefEnv(healthy(), i) for i in range(N)]
-        async with AsyncVecEnv(fault_fns("bad_obs"), num_workers=1, placement=placement) as venv:
+        async with AsyncVecEnv(fault_fns(fault), num_workers=1, placement=placement) as venv:
             await wait(venv.reset(seed=0))
             acts = np.array([1, 0, 1])
             for _ in range(2):

@@ -19,7 +19,7 @@ from gymnasium.vector.utils import create_empty_array
 
 from .. import protocol as P
 from ..shm import Views
-from ..spaces import put_rows, take
+from ..spaces import action_buffer_space, action_dtype_codes, put_rows, take
 from .base import Backend, ExitCallback, ReplyCallback, WorkerHandle
 
 try:
@@ -31,10 +31,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 def local_views(obs_space: Any, action_space: Any, n: int) -> Views:
     return Views(
         obs=create_empty_array(obs_space, n, fn=np.zeros),
-        actions=create_empty_array(action_space, n, fn=np.zeros),
+        actions=create_empty_array(action_buffer_space(action_space), n, fn=np.zeros),
         rewards=np.zeros(n, dtype=np.float64),
         terminations=np.zeros(n, dtype=np.bool_),
         truncations=np.zeros(n, dtype=np.bool_),
+        action_dtypes=action_dtype_codes(action_space, n),
     )
 
 
@@ -59,9 +60,11 @@ class _Actor:
         """The Ray node this actor runs on (for placement checks and stats)."""
         return ray.get_runtime_context().get_node_id()
 
-    def handle(self, msg: tuple, actions: Any) -> tuple[tuple, Any]:
+    def handle(self, msg: tuple, actions: Any, action_dtypes: np.ndarray | None = None) -> tuple[tuple, Any]:
         if actions is not None:
             put_rows(self.views.actions, list(msg.env_ids), actions)
+        if action_dtypes is not None:
+            self.views.action_dtypes[list(msg.env_ids)] = action_dtypes  # type: ignore[index]
         reply = self.host.handle(msg)
         if msg.op in (P.STEP, P.RESET):
             v, rows = self.views, list(reply.env_ids)
@@ -92,10 +95,13 @@ class RayWorker(WorkerHandle):
     def send(self, msg: tuple[Any, ...]) -> None:
         if self._exited:
             return
-        actions = None
+        actions = dtypes = None
         if msg.op == P.STEP:
-            actions = take(self._b.views.actions, list(msg.env_ids))
-        self._track(self.actor.handle.remote(msg, actions))
+            rows = list(msg.env_ids)
+            actions = take(self._b.views.actions, rows)
+            if self._b.views.action_dtypes is not None:
+                dtypes = self._b.views.action_dtypes[rows]
+        self._track(self.actor.handle.remote(msg, actions, dtypes))
 
     def _track(self, ref: Any, ready: bool = False) -> None:
         entry: list = [ready, False, None]
