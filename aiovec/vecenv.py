@@ -411,6 +411,9 @@ class AsyncVecEnv:
             try:
                 await pool.start(workers, kind)
             except BaseException:
+                # The workers this start leaves behind are stopped here: their ends are no news to the envs, which
+                # stay idle (not lost), so a later start() begins afresh.
+                pool.on_lost, pool.on_restart = _ignore_crash, None
                 pool.kill_all()
                 await pool.close(self.close_timeout)
                 raise
@@ -1287,3 +1290,6 @@ def _pickle_factories(env_fns: list[Callable[[], gym.Env]]) -> list[bytes]:
         out.append(data)
     return out
 
+
+def _ignore_crash(err: WorkerCrashedError) -> None:
+    """The end of a worker that a failed or cancelled start stops itself."""

@@ -627,6 +627,29 @@ def test_float_box_actions_pass_as_numpy_casts_them() -> None:
     assert out.tolist() == [[-5.0], [np.inf]]
 
 
+@pytest.mark.parametrize("placement", ["process", "hybrid", "inline"])
+def test_a_start_cancelled_while_workers_start_leaves_the_envs_to_a_later_start(run_uv, clean, placement: str) -> None:
+    """``wait_for(venv.reset(), t)`` timing out while the workers build their envs: the workers that start had
+    begun are stopped, and that is no loss of the envs (they were LOST for good, every later call raised
+    ``WorkerCrashedError`` about workers aiovec had killed itself): the next ``reset()`` starts afresh."""
+
+    async def main() -> None:
+        kw = {"num_workers": 1 if placement == "inline" else 2}
+        venv = aiovec.make("aiovec/SlowStart-v0", 4, placement=placement, start_s=0.3, **kw)
+        try:
+            with pytest.raises(asyncio.TimeoutError):  # env 0's probe takes 0.3 s, then the workers build theirs
+                await asyncio.wait_for(venv.reset(seed=0), 0.45)
+            assert venv.num_workers == 0
+            obs, _ = await wait(venv.reset(seed=0))
+            assert obs.shape[0] == 4 and (venv._table.state == 0).all()
+            await wait(venv.step(np.zeros(4, dtype=np.int64)))
+        finally:
+            await wait(venv.close())
+
+    run_uv(main())
+    assert_clean(clean)
+
+
 def test_a_cancelled_start_leaves_the_other_waiting_task_to_start_it(run, clean) -> None:
     """Two tasks await ``start()``; the one doing the work is cancelled: the other is not, and starts the env."""
 
