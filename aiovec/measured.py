@@ -9,7 +9,8 @@ controller records the measured steps/s of the configuration that ran, and:
    cost. A move to fewer resources whose best interval fell short of the other's best by more than ``revert``
    (interference only slows a run: a dip in either visit decides nothing; from hybrid to inline, one that did not
    beat it by ``gain``), or one to more whose median did
-   not measure better by ``prefer`` and by its intervals' scatter (at most :data:`MAX_SCATTER`): it moves
+   not measure better by ``prefer`` and by its intervals' scatter (at most :data:`MAX_SCATTER`; a gain inside the
+   scatter is undecided: one more interval is measured and the median of three decides): it moves
    back and remembers the loser for ``memory`` intervals, doubled at each repeated loss
    (hysteresis), forgotten when the env's cost changes (decay: a changed env is re-explored).
 2. **Ranks the candidates.** Lock-step aware: only process counts that shorten the critical path
@@ -208,7 +209,14 @@ class MeasuredController:
             # interval: the host only ever slows a run, so a dip in the visit it left must not keep it, nor a dip
             # in its own send it back.
             if _resources(cur) > _resources(base):
-                worse = here < before * (1 + max(self.prefer, min(MAX_SCATTER, _scatter(self._visit[-6:]))))
+                bar = before * (1 + max(self.prefer, min(MAX_SCATTER, _scatter(self._visit[-6:]))))
+                if before * (1 + self.prefer) <= here < bar and len(self._visit) < self.confirm + EXTRA_SAMPLES:
+                    # A gain, but inside the scatter: undecided, not worse. One more interval, and the median of
+                    # three (one bad interval no longer counts) against their scatter decides.
+                    self._base = (base, before, before_best)
+                    return self._hold(cur, f"{regime}measuring {cur.label} again: {here:,.0f} steps/s, +{here / before - 1:.0%} "
+                                           f"on {base.label} within its intervals' scatter")
+                worse = here < bar
                 if not worse:
                     self._explored_processes = False  # a costlier move paid for itself: keep climbing
                 why = f"{cur.label} measured {here:,.0f} steps/s, {base.label} {before:,.0f} before it"

@@ -339,7 +339,7 @@ class EnvHost:
             # One slice assignment per buffer, where every observation is an array of its row's shape (anything else
             # numpy would broadcast across rows) and every value fits; else row by row, where a misfit is its env's error.
             shape = self._obs_shape
-            for o in obs_out:
+            for o in obs_out if shape else ():  # scalar rows: a misfit cannot broadcast, the assignment raises
                 if type(o) is not np.ndarray or o.shape != shape:
                     break
             else:
