@@ -185,11 +185,14 @@ class MeasuredController:
             self._probes_left = max(self._probes_left, 1)  # decay: one more look around now and then
             self._process_probes_left = max(self._process_probes_left, 1)
         x, costs = m.throughput, infer_costs(m)
-        regime = self._track(cur, x, costs)
         if self._drop_first:  # the first interval after processes changed: new workers warm up
+            # Neither its throughput nor its costs count: costs it inferred while processes started (less waiting,
+            # say) made the next two normal intervals look like a change of the env's cost, which forgot every
+            # record and ban and probed again what had just been reverted.
             self._drop_first = False
             self._slow_moves = self._settled_in > 2
-            return self._hold(cur, f"{regime}warming up {cur.label}: {x:,.0f} steps/s not counted")
+            return self._hold(cur, f"warming up {cur.label}: {x:,.0f} steps/s not counted")
+        regime = self._track(cur, x, costs)
         self._visit.append(x)
         rec = self.records.setdefault(cur, _Record())
         rec.samples.append(x)

@@ -10,6 +10,7 @@ measurements keep working. The real-worker test compares throughputs measured in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -555,3 +556,29 @@ def test_hybrid_is_a_rung_for_envs_that_compute_and_is_left_when_a_step_gets_too
     assert trace[-1].placement == "process" and Config.hybrid(2) not in trace[2:], trace
     trace = run(Config("process", 2, 1), 64, 20e-6, inline_ok=False)
     assert all(c.placement == "process" for c in trace), trace
+
+
+def test_the_interval_new_workers_warm_up_in_is_no_change_of_the_envs_cost() -> None:
+    """The first interval after a process move is not counted (workers start, caches warm): nor may the costs it
+    implies (less waiting per step while processes start) become the baseline the next intervals are compared with.
+    Two normal intervals after it looked like a change of the env's cost: records and bans were forgotten, and the
+    controller went on to a worse setting and held it (seen on 16 waiting envs stepped first-finished)."""
+    env = {"n": 16, "t_cpu": 100e-6, "t_wait": 2e-3}
+    home = Config("process", 4, 4)
+
+    def truth(c: Config) -> float:  # every other setting measures worse than promised: probes are reverted
+        x = predict(c, Costs(100e-6, 2e-3, 20e-6), 16, 2, False)
+        return x if c == home else 0.8 * x
+
+    ctrl, c, warming, trace = MeasuredController(), home, False, []
+    for _ in range(30):
+        if warming:  # processes starting: the same CPU per step, less waiting, fewer steps
+            m = interval(c, 16, 110e-6, 1.2e-3, rate=0.7 * truth(c))
+        else:
+            m = interval(c, rate=truth(c), **env)
+        d = ctrl.decide(dataclasses.replace(m, lockstep=False))
+        new = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+        warming = new.processes != c.processes
+        c = new
+        trace.append(d.reason)
+    assert ctrl.regime_changes == 0 and c == home, trace
