@@ -210,7 +210,7 @@ class MeasuredController:
             # A change to more processes or threads must pay for itself, by more than its intervals scatter (a 3%
             # gain inside 10% of noise is noise); one to fewer must only not cost, judged on each visit's best
             # interval: the host only ever slows a run, so a dip in the visit it left must not keep it, nor a dip
-            # in its own send it back.
+            # in its own send it back (but a lone fast interval must not keep it either: see below).
             if _resources(cur) > _resources(base):
                 bar = before * (1 + max(self.prefer, min(MAX_SCATTER, _scatter(self._visit[-6:]))))
                 if before * (1 + self.prefer) <= here < bar and len(self._visit) < self.confirm + EXTRA_SAMPLES:
@@ -230,6 +230,16 @@ class MeasuredController:
                 bar = 1 + self.gain if _gives_up_the_worker(base, cur) else 1 - self.revert
                 worse = best < before_best * bar
                 why = f"{cur.label} at best {best:,.0f} steps/s, {base.label} {before_best:,.0f} before it"
+                if not worse and here < before * bar:
+                    # Its best interval keeps it, its median does not: one interval out of line in this visit (a fast
+                    # first one: 64 waiting envs kept 5p x 13t on 8,377 then ran at 7,600-7,900 steps/s, where 8p x 8t
+                    # had measured 8,350). One more interval; then the median of three decides.
+                    if len(self._visit) < self.confirm + EXTRA_SAMPLES:
+                        self._base = (base, before, before_best)
+                        return self._hold(cur, f"{regime}measuring {cur.label} again: best {best:,.0f} steps/s keeps it, "
+                                               f"median {here:,.0f} does not ({base.label} {before:,.0f})")
+                    worse = True
+                    why = f"{cur.label} measured {here:,.0f} steps/s, {base.label} {before:,.0f} before it"
             if worse and base in self._allowed(m):
                 rec.losses += 1
                 rec.banned_until = self._i + self.memory * 2 ** (rec.losses - 1)

@@ -168,6 +168,27 @@ def _probe_to_fewer_processes(ctrl: MeasuredController, env: dict) -> tuple[Conf
     return a, b
 
 
+def test_a_move_to_fewer_processes_kept_only_by_one_fast_interval_is_measured_again_and_reverted() -> None:
+    """wait64 on this VM: the model moved 8p x 8t (8,350 steps/s) to 5p x 13t, whose first interval measured 8,377,
+    then 7,600-7,900 for the rest of the run (0.90x the best static). Its best interval kept it, its median did not:
+    a third interval is measured, and the median of three decides. A visit whose median also holds is kept."""
+    env = {"n": 24, "t_cpu": 80e-6, "t_wait": 2.9e-3}
+    for rates, kept in (((6100, 5500, 5550), False), ((6000, 5950, 5900), True)):
+        ctrl = MeasuredController()
+        a = Config("process", 8, 3)
+        for x in (6000, 6000, 6100):
+            d = ctrl.decide(interval(a, rate=x, **env))
+        b = Config(d.placement or a.placement, d.target, d.threads or a.threads)
+        assert b == Config("process", 6, 4), d.reason
+        ctrl.decide(interval(b, rate=5000, **env))  # the warm-up interval: not counted
+        ds = [ctrl.decide(interval(b, rate=x, **env)) for x in rates]
+        if kept:
+            assert all((d.target, d.threads) == (6, 4) and "again" not in d.reason for d in ds), [d.reason for d in ds]
+        else:
+            assert "again" in ds[1].reason and "median" in ds[1].reason, [d.reason for d in ds]
+            assert (ds[2].target, ds[2].threads) == (8, 3) and "revert" in ds[2].reason, [d.reason for d in ds]
+
+
 def test_a_move_back_to_more_processes_on_an_older_record_must_clear_both_scatters() -> None:
     """wait24 on this VM: the probe to fewer processes was kept, then its intervals sank a little (the host) and
     the older, 5% higher record of the configuration it left moved it back 4 s later (settling in 17 intervals).
