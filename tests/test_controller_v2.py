@@ -603,3 +603,19 @@ def test_the_interval_new_workers_warm_up_in_is_no_change_of_the_envs_cost() -> 
         c = new
         trace.append(d.reason)
     assert ctrl.regime_changes == 0 and c == home, trace
+
+
+@pytest.mark.slow
+def test_the_held_out_workloads_run_from_the_benchmark_command(clean, capsys) -> None:
+    """``python -m aiovec.bench controller --unseen`` runs workloads the rules were not tuned on, against the same
+    static grid and targets. Six envs burning 2 ms of CPU: the best static setting is several processes, and the
+    controller ends at it."""
+    from aiovec.bench.__main__ import main
+
+    main(["controller", "--unseen", "--only", "cpu6", "--quick", "--repeats", "1", "--duration", "0.5"])
+    out = capsys.readouterr().out
+    assert "6 envs, 2 ms CPU" in out and "cheap" not in out, out
+    row = next(line for line in out.splitlines() if line.startswith("| 6 envs, 2 ms CPU"))
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[3].endswith("p x 1t") and cells[3] != "1p x 1t" and cells[8] == f"process {cells[3]}", row
+    assert_clean(clean)

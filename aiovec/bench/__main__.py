@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--duration", type=float, default=None, help="seconds per measurement")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--only", default=None, help="v2: the workloads whose name contains NAME, or one of loophold, stall, soak; controller: the scenarios whose key contains NAME")
+    p.add_argument("--unseen", action="store_true",
+                   help="controller: five workloads its rules were never tuned on, instead of the issue's scenarios")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if args.suite == "soak":
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         from .controller import main as run
 
-        options["only"] = args.only
+        options.update(only=args.only, unseen=args.unseen)
     try:
         run(quick=args.quick, repeats=args.repeats, duration=args.duration, out=args.out, **options)
     except BaseException:
