@@ -687,11 +687,17 @@ class AsyncVecEnv:
                     "reset them (options={'reset_mask': ...}) before stepping"
                 )
         if self._flat_actions:
-            v.actions[rows] = acts
-            if v.action_dtypes is not None:  # the buffer is wider than the space: the env gets the caller's dtype
-                v.action_dtypes[rows] = ord(acts.dtype.char)
+            self._write_flat_actions(rows, acts)
         else:
             put_rows(v.actions, rows, acts)
+
+    def _write_flat_actions(self, rows: Any, acts: np.ndarray) -> None:
+        """Checked flat actions into their rows, with their dtype where the buffer is wider than the space (the env
+        gets the caller's dtype: see :func:`~aiovec.spaces.action_buffer_space`)."""
+        v = self._views
+        v.actions[rows] = acts
+        if v.action_dtypes is not None:
+            v.action_dtypes[rows] = ord(acts.dtype.char)
 
     def _send_put(self, ids: np.ndarray | None) -> None:
         """Step ``ids`` (None: every env) with the actions :meth:`_put_actions` wrote."""
@@ -845,9 +851,7 @@ class AsyncVecEnv:
         if self._control_error is not None:
             self._raise_control_error()
         if table.settled and self._flat_actions and not self._disabled:  # _put_actions' case of idle envs, flat actions
-            acts = self._views.actions[:] = self._check_actions(actions, self.num_envs)
-            if self._views.action_dtypes is not None:
-                self._views.action_dtypes[:] = ord(acts.dtype.char)
+            self._write_flat_actions(slice(None), self._check_actions(actions, self.num_envs))
         else:
             self._put_actions(actions, None)
         stepped = self._step_in_turn()
