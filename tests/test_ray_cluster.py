@@ -47,11 +47,11 @@ def test_lost_node_is_a_restart_or_a_typed_error_never_a_hang(cluster, restarts:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 90
             if restarts:
-                seen_restart = False
-                while not seen_restart and loop.time() < deadline:
-                    _, _, _, trunc, infos = await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 90)
-                    seen_restart = bool(infos.get("worker_restarted", np.zeros(4, bool)).any())
-                assert seen_restart and venv.stats()["restarts"] >= 1
+                # The restart shows in stats; a `worker_restarted` row only where it cut an episode (a death that hits
+                # an env whose last row ended its episode gives the reset row it was due, no truncation).
+                while venv.stats()["restarts"] < 1 and loop.time() < deadline:
+                    await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 90)
+                assert venv.stats()["restarts"] >= 1
                 for _ in range(5):  # and it goes on stepping on the surviving node
                     await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 90)
             else:
