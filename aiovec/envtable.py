@@ -154,11 +154,13 @@ class EnvTable:
         return self._busy_s + (time.perf_counter() - self._busy_since if self.in_flight else 0.0)
 
     # -- transitions --------------------------------------------------------------------
-    def send(self, ids: Any) -> tuple[Any, np.ndarray | None]:
+    def send(self, ids: Any, ran_s: float = 0.0) -> tuple[Any, np.ndarray | None]:
         """IDLE -> STEPPING for ``ids`` (an id array or a slice; checked by the caller).
 
         Envs flagged restarted do not step: returns ``(stepping, held)``, ``held`` being None
         or the ids held back; the caller writes their truncation and calls :meth:`truncate_restarted`.
+        ``ran_s``: how long these steps already ran, where they ran before this transition (stepped in the
+        caller's turn, accounted as a reply afterwards): it counts as busy time, the caller's demand.
         """
         self._unsettle()
         held = None
@@ -170,7 +172,7 @@ class EnvTable:
         count = self.num_envs if isinstance(ids, slice) else len(ids)
         self.state[ids] = STEPPING
         if not self.in_flight and count:
-            self._busy_since = time.perf_counter()
+            self._busy_since = time.perf_counter() - ran_s
         self.in_flight += count
         if self.debug:
             self.check()

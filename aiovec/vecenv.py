@@ -731,7 +731,7 @@ class AsyncVecEnv:
             if pool.pending_moves:  # type: ignore[union-attr]
                 pool.try_moves()  # type: ignore[union-attr]
             return True
-        table.send(slice(None))
+        table.send(slice(None), ran_s=wall_s)
         self._stepped(self._all, infos, errors)
         return False
 

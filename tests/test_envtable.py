@@ -72,6 +72,15 @@ def test_stepped_in_turn_updates_boundaries_and_busy_time_and_refuses_a_busy_tab
         t.stepped_in_turn(terms, truncs, 0.0)
 
 
+def test_steps_that_ran_before_their_send_count_as_busy_time() -> None:
+    """A batch stepped in the caller's turn and then accounted as a reply (it returned infos or errors) is sent
+    with the time it ran: that time is the caller's demand, as if it had been in flight."""
+    t = EnvTable(N, debug=True)
+    t.send(slice(None), ran_s=0.25)
+    t.step_done(np.arange(N), np.zeros(N, bool), np.zeros(N, bool), None, None)
+    assert t.busy_time() >= 0.25
+
+
 def test_the_boundary_of_an_in_turn_batch_is_the_flags_as_they_were_at_the_next_transition() -> None:
     """stepped_in_turn keeps the flag arrays (the shared result buffers) instead of reading them; the
     next transition reads them, so a step that then overwrites the buffers does not move the boundary

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -299,3 +300,23 @@ def test_closing_an_env_stepped_in_this_process_closes_its_run_queue_clock(run_u
     run_uv(main())
     assert _schedstat_fds() == before
     assert_clean(clean)
+
+
+@pytest.mark.parametrize("env_id", ["aiovec/Busy-v0", "aiovec/Info-v0"])
+def test_steps_stepped_in_this_process_count_as_the_callers_demand(run_uv, clean, env_id: str) -> None:
+    """The controller skips intervals in which the caller asked for few steps (its demand: time with a step in
+    flight). A tight loop over envs stepped in the caller's turn asks for steps all the time, whether or not the
+    envs return infos (MuJoCo and ALE do, every step): their batches left the turn as a worker's reply, after
+    stepping, and counted ~0 s, so an env moved into this process was never measured again and stayed there."""
+
+    async def main() -> float:
+        async with aiovec.make(env_id, 4, placement="inline", env_kwargs={"cpu_ms": 0.05, "obs_dim": 8}) as venv:
+            await wait(venv.reset(seed=0))
+            actions = np.zeros(4, dtype=np.int64)
+            await wait(venv.step(actions))
+            busy0, t0 = venv._busy_time(), time.perf_counter()
+            for _ in range(300):
+                await venv.step(actions)
+            return (venv._busy_time() - busy0) / (time.perf_counter() - t0)
+
+    assert run_uv(main()) > 0.5
