@@ -148,6 +148,15 @@ than the one above (CartPole ~11-21 us a step, pace ~8 us; the parent polling fo
 inline 1.04 vs hybrid 0.90 x SyncVectorEnv, x16 0.86 vs 1.07, x32 1.19 vs 1.42: a tie between 8 and 16
 envs, n t / 2 ~ 8 paces; on the faster host above the tie at 16 is ~11 paces (t ~ 1.35 paces, both hosts)."""
 
+MEASURED_ROUND_TRIP_PACES = 5.0
+""":data:`ROUND_TRIP_PACES` where the adaptive controller will measure both in-process rungs (see
+``MeasuredController._other_rung``): lower, because the two ways of being wrong cost differently. A hybrid start
+that loses is corrected by a look at inline, which starts nothing (a few intervals); an inline start that loses,
+by a look at hybrid, which starts a process mid-run (1-2 s here at the slower rate, and one such look only). The
+round trip's price varies by host more than the pace does: 16 CartPoles (48 us of env CPU moved off a batch, 6.7
+paces of 7.2 us) stepped 1.27x faster hybrid than inline (178k vs 141k steps/s, medians of 3 interleaved rounds)
+on a VM where 8 (3.3 paces) tied; on another the tie was near 8-11 paces."""
+
 INLINE_MAX_BUILD_S = 0.25
 """Envs slower to build than this never step in this process (a heavy simulator earns its isolation;
 Atari's ~0.1 s and MuJoCo's few ms do not count as heavy)."""
@@ -171,7 +180,7 @@ INLINE_LEAVE_S = 1.6 * INLINE_MAX_STEP_S
 intervals; a turn of the loop stays well inside the 1 ms p99 the loop-hold benchmark allows."""
 
 
-def choose_placement(num_envs: int, cost: StepCost | None, cpus: int, build_s: float) -> str:
+def choose_placement(num_envs: int, cost: StepCost | None, cpus: int, build_s: float, measured: bool = False) -> str:
     """Where CPU-bound envs step fastest: ``"inline"``, ``"hybrid"`` or ``"process"``.
 
     Inline, a batch costs ``n * t`` on this process alone. Hybrid, this process steps one shard
@@ -183,13 +192,17 @@ def choose_placement(num_envs: int, cost: StepCost | None, cpus: int, build_s: f
     wait (sleeps, I/O: overlapped on many processes and threads), for envs slow to build, and for
     envs whose one step would hold the event loop too long (``INLINE_ENTER_S``), typically or on average
     (a tail of slow steps: the controller, which sees the mean, would soon move them out).
+
+    ``measured``: the adaptive controller will measure both in-process rungs, so where the host's pace is known the
+    bound for inline is the lower :data:`MEASURED_ROUND_TRIP_PACES` (start hybrid, look at inline).
     """
     if cost is None or cost.waiting_share > 0.5 or build_s > INLINE_MAX_BUILD_S or cost.wall_s > INLINE_ENTER_S:
         return "process"
     if cost.mean_wall_s is not None and cost.mean_wall_s > INLINE_ENTER_S:  # typical steps are short, some are long
         return "process"
     w = max(1, min(cpus, num_envs))
-    round_trip = ROUND_TRIP_PACES * cost.pace_s if cost.pace_s else ROUND_TRIP_S
+    paces = MEASURED_ROUND_TRIP_PACES if measured else ROUND_TRIP_PACES
+    round_trip = paces * cost.pace_s if cost.pace_s else ROUND_TRIP_S
     if num_envs * cost.wall_s * (1 - 1 / w) <= round_trip:
         return "inline"
     return "hybrid"

@@ -7,7 +7,15 @@ import time
 import gymnasium as gym
 import numpy as np
 
-from aiovec.autoconf import ROUND_TRIP_PACES, ROUND_TRIP_S, StepCost, choose_placement, probe_step_cost, python_pace
+from aiovec.autoconf import (
+    MEASURED_ROUND_TRIP_PACES,
+    ROUND_TRIP_PACES,
+    ROUND_TRIP_S,
+    StepCost,
+    choose_placement,
+    probe_step_cost,
+    python_pace,
+)
 
 
 class ColdStart(gym.Env):
@@ -64,6 +72,20 @@ def test_the_round_trip_is_weighed_in_the_hosts_pace() -> None:
     assert choose_placement(n - 1, slow, 2, 1e-3) == "inline" and choose_placement(n + 2, slow, 2, 1e-3) == "hybrid"
     # A fixed 50 us round trip would have put the slow host's 8 CartPoles in hybrid (8 x 12 / 2 = 48 us is at it).
     assert choose_placement(9, StepCost(12e-6, 12e-6), 2, 1e-3) == "hybrid" and choose_placement(9, slow, 2, 1e-3) == "inline"
+
+
+def test_where_the_controller_measures_both_rungs_a_cheap_batch_starts_hybrid_sooner() -> None:
+    """With the adaptive controller, inline's bound is the lower MEASURED_ROUND_TRIP_PACES: a hybrid start that
+    loses costs a look at inline (nothing started), an inline start that loses a process started mid-run. On this
+    VM (pace 7.2 us, CartPole 6 us a step) 16 CartPoles start hybrid (1.27x inline here), 8 still inline (a tie)."""
+    assert MEASURED_ROUND_TRIP_PACES < ROUND_TRIP_PACES
+    here = StepCost(cpu_s=6e-6, wall_s=6e-6, pace_s=7.2e-6)
+    assert choose_placement(16, here, 2, 1e-3, measured=True) == "hybrid" and choose_placement(16, here, 2, 1e-3) == "inline"
+    assert choose_placement(8, here, 2, 1e-3, measured=True) == "inline"
+    n = int(2 * MEASURED_ROUND_TRIP_PACES * here.pace_s / here.wall_s)
+    assert choose_placement(n - 1, here, 2, 1e-3, measured=True) == "inline" and choose_placement(n + 2, here, 2, 1e-3, measured=True) == "hybrid"
+    # The pace unknown: the fixed figure, as without the controller.
+    assert choose_placement(16, StepCost(6e-6, 6e-6), 2, 1e-3, measured=True) == choose_placement(16, StepCost(6e-6, 6e-6), 2, 1e-3)
 
 
 def test_the_probe_measures_the_pace() -> None:
