@@ -141,7 +141,7 @@ class AsyncVecEnv:
             the workers leave the parent a CPU of its own, re-decided at each resize.
         placement: where the envs run. ``"process"``: in worker processes (isolation: a crash or a
             hang in an env cannot take the application down). ``"inline"``: inside this process, on
-            the event loop, in slices of at most ~0.45 ms that yield between them; no round trip,
+            the event loop, in slices of at most ~0.5 ms that yield between them; no round trip,
             so for cheap envs (CartPole: ~11 us a step) it beats any worker process, but a segfault
             in an env takes the application with it and a hung env cannot be killed. ``"hybrid"``:
             this process steps one shard (in the same slices) while ``num_workers - 1`` worker

@@ -30,11 +30,13 @@ from ..threads import in_thread
 from ..worker import EnvHost
 from .base import Backend, ExitCallback, ReplyCallback, WorkerHandle
 
-SLICE_S = 450e-6
-"""Env work done in one turn of the event loop before yielding (the loop stays responsive): about the loop-hold
-goal (``autoconf.INLINE_MAX_STEP_S``, 0.5 ms). Each slice boundary costs a turn of the loop and, in hybrid, delays
+SLICE_S = 500e-6
+"""Env work done in one turn of the event loop before yielding (the loop stays responsive): the loop-hold goal
+(``autoconf.INLINE_MAX_STEP_S``, 0.5 ms). Each slice boundary costs a turn of the loop and, in hybrid, delays
 this process's share of the batch: 4 HalfCheetahs in this process (~90 us each) took two slices of 0.25 ms, one
-of 0.45 ms, and hybrid HalfCheetah x8 measured 1.09-1.11x faster side by side (x16 1.03x, CartPole x64 1.05x)."""
+of 0.45 ms, and hybrid HalfCheetah x8 measured 1.09-1.11x faster side by side (x16 1.03x, CartPole x64 1.05x).
+At 0.45 ms the 4 HalfCheetahs of PPO's wrapped env (normalisation, ~120 us a step here) still took two slices:
+0.5 ms steps them in one, 571-573 us a batch of 8 against 610-616 (hybrid, two interleaved pairs)."""
 
 
 class PerEnvCost:
