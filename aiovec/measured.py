@@ -400,32 +400,28 @@ class MeasuredController:
 
     # -- helpers --------------------------------------------------------------------------
     def _other_rung(self, cur: Config, cands: list[Config], costs: Costs, m: Measurement) -> Config | None:
-        """The other in-process rung (inline from hybrid, hybrid from inline), to be measured rather than predicted,
-        or None.
+        """Inline, where the current configuration is hybrid: to be measured rather than predicted, or None.
 
         Between these two the model is least reliable: beside a worker the parent's steps cost more CPU
         (CartPole x8 on a slow 2-CPU host: 25 us a step in hybrid, 18 inline), so costs inferred in hybrid
-        under-rate inline, and the round trip's price varies by host more than its pace does (the tie measured
-        near 8-11 paces on one VM, near 4 on another, where 16 CartPoles stepped 1.34x faster hybrid while the
-        model, at 11 paces a command, kept them inline). Only where a batch is cheap (the round trip weighs on it)
-        and moves are quick (short episodes): elsewhere the model's ranking is clear enough, and a look would cost
-        whole episodes of the worse placement. A look at hybrid starts a process (~0.3-1 s, beside the stepping);
-        one at inline starts nothing.
+        under-rate inline, and the round trip's price varies by host more than its pace does. Only where a batch
+        is cheap (the round trip weighs on it; see ``RUNG_LOOK_PACES``) and moves are quick (short episodes):
+        elsewhere the model's ranking is clear enough, and a look would cost whole episodes of the worse placement.
+        Only this way round: a look at inline starts nothing, while one at hybrid starts a process mid-run (8
+        CartPoles here: ~1.5 s at ~0.9x for a tie, and inline measured ~3% slower after the envs came back), so
+        where the controller runs, cheap batches start hybrid sooner instead (``autoconf.MEASURED_ROUND_TRIP_PACES``).
 
         Inline is kept only where its best interval beats hybrid's by ``gain`` (elsewhere a move to fewer resources
         need only not lose): it gives up the second CPU, which hybrid gets whenever the host frees it, and holds the
         loop for the whole batch. 16 CartPoles: hybrid's median measured 1.02x and 1.12x inline's in two same-run
         sweeps, yet two intervals each kept inline as a near-tie in 2 of 3 runs, 10-20% below hybrid.
         """
-        if cur.placement not in ("inline", "hybrid") or self._slow_moves:
+        if cur.placement != "hybrid" or self._slow_moves:
             return None
         look = RUNG_LOOK_PACES * m.pace_s if m.pace_s > 0 else RUNG_LOOK_BATCH_S
         if m.num_envs * costs.cpu_s * (1 - 1 / max(2.0, m.cpus)) > look:
             return None
-        if cur.placement == "hybrid":
-            return Config.inline() if Config.inline() in cands else None
-        hybrids = [c for c in cands if c.placement == "hybrid"]
-        return max(hybrids, key=lambda c: c.processes) if hybrids else None
+        return Config.inline() if Config.inline() in cands else None
 
     def _allowed(self, m: Measurement) -> list[Config]:
         """Candidate configurations for this vector env (lock-step efficient, within the user's bounds)."""

@@ -417,28 +417,22 @@ def test_a_move_to_fewer_resources_is_judged_on_each_visits_best_interval() -> N
     assert gain[-4:] == ["inline"] * 4, gain
 
 
-def test_from_inline_hybrid_is_measured_once_where_a_batch_is_cheap_and_kept_only_if_faster() -> None:
-    """Where a batch is cheap the round trip decides between inline and hybrid, and its price varies by host more
-    than the host's pace does: 8 CartPole-like envs measured hybrid 15-40% slower on one VM (pace 8 us), 16 measured
-    it 1.34x faster on another (pace 7.2 us) while the model, pricing a command at the pace, kept them inline. So
-    from inline hybrid is looked at once (one process probe: a few intervals, not every interval), and kept only
-    where it measures faster; the model's pace-priced command no longer decides alone."""
+def test_a_command_to_a_worker_is_priced_at_the_hosts_pace() -> None:
+    """The model's cost of a command to a worker process moves with the host's interpreter pace: on a slow host
+    (pace 8 us: ~90 us a command) 8 CartPole-like envs (16 us a step) stay inline, where the fixed 40 us once
+    started a process for them every run, to measure it 15-40% slower and revert; on a fast host (pace 2 us) the
+    model still rates hybrid higher, and measures it; with no pace (a v1 trace) the fixed figure rates hybrid too
+    close to inline to start a process for it (see ``measured.MOVE_GAIN``)."""
     env = {"n": 8, "t_cpu": 16e-6, "t_wait": 0.0, "inline_ok": True}
-    base = 60000.0
+    slow = follow(MeasuredController(), Config.inline(), 12, **env, pace_s=8e-6)
+    assert set(slow) == {Config.inline()}, [c.label for c in slow]
+    fast = follow(MeasuredController(), Config.inline(), 12, **env, pace_s=2e-6)
+    assert Config.hybrid(2) in fast, [c.label for c in fast]
+    unknown = follow(MeasuredController(), Config.inline(), 12, **env)  # no pace (a v1 trace): the fixed figure
+    assert set(unknown) == {Config.inline()}, [c.label for c in unknown]
+    low_bar = follow(MeasuredController(move_gain=0.05), Config.inline(), 12, **env)
+    assert Config.hybrid(2) in low_bar, [c.label for c in low_bar]
 
-    def truth(hybrid: float) -> Callable[[Config], float]:
-        return lambda c: base * {"inline": 1.0, "hybrid": hybrid}.get(c.placement, 0.5)
-
-    for pace in (8e-6, 2e-6, 0.0):
-        for hybrid, ends in ((0.75, Config.inline()), (1.02, Config.inline()), (1.34, Config.hybrid(2))):
-            trace = follow(MeasuredController(), Config.inline(), 20, truth(hybrid), **env, pace_s=pace)
-            assert trace[-10:] == [ends] * 10, (pace, hybrid, [c.label for c in trace])
-            assert sum(c == Config.hybrid(2) for c in trace[:10]) <= 3 or ends == Config.hybrid(2), [c.label for c in trace]
-    # A costly batch (HalfCheetah-like, 0.1 ms a step, 400 us a batch moved off): no look, the model's ranking stands.
-    trace = follow(MeasuredController(), Config.inline(), 12, truth(1.34), **{**env, "t_cpu": 100e-6}, pace_s=7.2e-6)
-    assert Config.hybrid(2) in trace  # the model rates hybrid higher here itself
-    costly = follow(MeasuredController(), Config.hybrid(2), 12, truth(1.34), **{**env, "t_cpu": 100e-6}, pace_s=7.2e-6)
-    assert Config.inline() not in costly, [c.label for c in costly]
 
 def test_a_step_cost_near_the_loop_hold_limit_does_not_flip_the_placement() -> None:
     """A step measured between the enter and leave limits (Pong on a noisy 2-CPU host: 0.45-0.62 ms) keeps the
