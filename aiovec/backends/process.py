@@ -73,7 +73,8 @@ def get_context(name: str | None) -> Any:
         from multiprocessing import forkserver
 
         if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
-            ctx.set_forkserver_preload(["aiovec.worker", "numpy", "gymnasium"])
+            # The hook module first: it keeps children quiet whose parent stopped while they were being forked.
+            ctx.set_forkserver_preload(["aiovec.backends.forkserver_hook", "aiovec.worker", "numpy", "gymnasium"])
     return ctx
 
 
