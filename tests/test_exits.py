@@ -119,6 +119,22 @@ def _session_processes(sid: int) -> list[str]:
     return out
 
 
+def _reap(proc: subprocess.Popen) -> list[str]:
+    """After a script in its own session ended (or timed out: killed): what of its session outlived it.
+
+    The fork server and the resource tracker leave once they see the script gone: they get a moment; whatever
+    is left after it is reported, then killed."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    end = time.monotonic() + 10.0
+    while (left := _session_processes(proc.pid)) and time.monotonic() < end:
+        time.sleep(0.05)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    return left
+
+
 def run_path(tmp: Path, api: str, path: str, timeout: float = 90.0, script: Path | None = None) -> Outcome:
     """Run one exit path as a script in its own session; report what it left behind."""
     tmp.mkdir(parents=True, exist_ok=True)
@@ -140,15 +156,7 @@ def run_path(tmp: Path, api: str, path: str, timeout: float = 90.0, script: Path
             proc.send_signal(signal.SIGINT if path == "sigint" else signal.SIGTERM)
         _, err = proc.communicate(timeout=timeout)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    # The fork server and the resource tracker leave once they see the script gone: give them a moment.
-    end = time.monotonic() + 10.0
-    while (left := _session_processes(proc.pid)) and time.monotonic() < end:
-        time.sleep(0.05)
-    if left:
-        os.killpg(proc.pid, signal.SIGKILL)
+        left = _reap(proc)
     names = sems.read_text().split() if sems.exists() else []
     leaked = [n for n in names if os.path.exists("/dev/shm/sem." + n.lstrip("/"))]
     return Outcome(proc.returncode, err.decode(errors="replace"), left, leaked, len(names))
@@ -276,12 +284,7 @@ def test_ctrl_c_twice_while_workers_start_prints_only_the_interrupt(tmp_path: Pa
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=60)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        end = time.monotonic() + 10.0
-        while (left := _session_processes(proc.pid)) and time.monotonic() < end:
-            time.sleep(0.05)
+            left = _reap(proc)
         text = err.decode(errors="replace")
         assert not left, (delay, left)
         assert "FileNotFoundError" not in text and text.count("Traceback (most recent call last)") <= 1, (delay, text[-3000:])
