@@ -449,7 +449,7 @@ class AsyncVecEnv:
         kind = self.placement_arg
         if kind == "auto":
             may_inline = auto and self.step_timeout is None and self.backend == "process"
-            measured = self.controller is not None and (self._explicit_controller is None or isinstance(self.controller, MeasuredController))
+            measured = isinstance(self.controller, MeasuredController)  # the default controller is one too
             kind = choose_placement(self.num_envs, cost, cpus, self._probe.build_s, measured) if may_inline else "process"
         workers = plan_workers(self.num_envs, cost, cpus) if auto else min(int(self._num_workers_arg), self.num_envs)
         if kind == "inline":
