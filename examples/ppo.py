@@ -475,7 +475,8 @@ class Sampler:
 class Learner:
     def __init__(self, agent: Agent, args: Args) -> None:
         self.agent, self.args = agent, args
-        self.opt = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
+        # fused: one kernel for every parameter, ~15% of an update of this MLP on a 256-row minibatch (1 CPU thread)
+        self.opt = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5, fused=True)
         self.rng = np.random.default_rng(args.seed)
         self.version = 0  # number of updates applied
 
@@ -540,7 +541,7 @@ class Learner:
                 loss = pg_loss - args.ent_coef * ent + args.vf_coef * v_loss  # entropy is a bonus: maximised
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                 self.opt.step()
                 stats = {"pg_loss": pg_loss.item(), "v_loss": v_loss.item(), "entropy": ent.item()}
             if args.target_kl is not None and approx_kl > args.target_kl:
@@ -609,7 +610,7 @@ async def train(args: Args) -> dict[str, Any]:
     """Train PPO; returns a summary (final mean return, time to target, set-up, time profile)."""
     torch.set_num_threads(args.torch_threads)
     t_warm = time.perf_counter()
-    torch.optim.Adam(layer(1, 1).parameters())  # torch's lazy imports (torch._dynamo for optimizers): ~1 s, same for all
+    torch.optim.Adam(layer(1, 1).parameters(), fused=True)  # torch's lazy imports (torch._dynamo for optimizers): ~1 s, same for all
     torch_warmup_s = time.perf_counter() - t_warm
     torch.manual_seed(args.seed)
     log = Logger(args)  # the clock starts here, just before the vector env is constructed
