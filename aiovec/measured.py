@@ -105,6 +105,15 @@ saves processes, and the model under-rates some (8 -> 2 processes for 8 CPU-boun
 measured); so do changes of threads (instant, no envs move)."""
 
 
+DECISIVE_CPU_JUMP = 3.0
+"""A change of the env's CPU per step by this factor (and 100 us) in one control interval is a new cost at once,
+without a second interval to confirm it. The demo's change of cost (24 envs waiting 3 ms, then computing 1 ms, then
+waiting again; 3-s phases) lost a whole interval at ~1,000 steps/s after each change, where the setting for
+waiting envs ran at ~6,000: the interval in which the cost changed is a blend (CPU 0.96 -> 0.29 ms per step),
+and the two-interval rule waited for the next. CPU per step is what a busy host does not triple: it stretches
+the wall time of a step, which the rule for waiting (two intervals) still guards."""
+
+
 class MeasuredController:
     """Processes, threads per process and the in-process rungs (inline, hybrid), chosen by measured throughput (see
     module doc).
@@ -162,7 +171,6 @@ class MeasuredController:
         self._cpu_up = False  # the last change of cost raised the CPU per step (x2 and more)
         self._explored_processes = False
         self._prior_here: float | None = None  # what the current configuration measured before this visit
-        self._jump_x: list[float] = []  # steps/s of the intervals that showed a change of cost
         self._regimes: list[tuple[Costs, dict[Config, _Record]]] = []  # what earlier env costs measured
         self._decide_now = False
         self._settled_in = 0  # skipped intervals since the last process move: how long envs took to move
@@ -260,7 +268,9 @@ class MeasuredController:
     def _track(self, cur: Config, x: float, costs: Costs) -> str:
         """Follow the env's cost at an unchanged configuration; a jump held two intervals is a new regime.
 
-        Two intervals agreeing on the new cost decide at once (the second is all new cost). What each
+        Two intervals agreeing on the new cost decide at once (the second is all new cost); one interval decides
+        where the env's CPU per step moved by :data:`DECISIVE_CPU_JUMP` or more (a busy host stretches a step's wall
+        time, not its CPU time). What each
         earlier cost measured is kept: an env that returns to a cost it had resumes that cost's
         measurements and bans (no re-exploring what is known); a new cost starts afresh, threads first.
         """
@@ -271,7 +281,7 @@ class MeasuredController:
             self._prior_here = rec.median if rec is not None and rec.samples else None
             # Across configurations the inferred waiting carries the model's errors: only a jump of CPU counts.
             if old is None or not _cpu_moved(old.cpu_s, costs.cpu_s):
-                self.costs, self._jumps, self._jump_x = costs, 0, []
+                self.costs, self._jumps = costs, 0
                 return ""
             jump = True
         else:
@@ -279,18 +289,17 @@ class MeasuredController:
             jump = _changed(old, costs, self.cost_change)
         if jump:
             self._jumps += 1
-            self._jump_x.append(x)
         else:
-            self._jumps, self._jump_x = 0, []
-        if self._jumps >= 2:
+            self._jumps = 0
+        if self._jumps >= 2 or (jump and _cpu_moved(old.cpu_s, costs.cpu_s, DECISIVE_CPU_JUMP)):
             rec = self.records.get(cur)
-            if rec is not None and rec.samples:
+            if self._jumps >= 2 and rec is not None and rec.samples:
                 rec.samples.pop()  # the first interval at the new cost was counted under the old one
             self._regimes = [(c, r) for c, r in self._regimes if _changed(c, old, self.cost_change)][-3:]
             self._regimes.append((old, self.records))
             known = next((r for c, r in self._regimes if not _changed(c, costs, self.cost_change)), None)
             self.records = known if known is not None else {}
-            self.costs, self._jumps, self._base, self._visit, self._jump_x = costs, 0, None, [], []
+            self.costs, self._jumps, self._base, self._visit = costs, 0, None, []
             self._process_probes_left, self._prior_here = (0 if known is not None else self.process_probes), None
             # a cost seen before: its measurements decide, no new process probes; a new one: threads first
             self._probes_left, self._threads_first, self._explored_processes = self.probes, known is None, known is not None
@@ -313,7 +322,7 @@ class MeasuredController:
         if cur.placement in ("inline", "hybrid") and cur not in allowed:  # too costly to step in this process: leave at once
             pick = self._best([c for c in allowed if c.placement == "process"], cur, here, model, cal, m, lockstep, force=True)
             if pick is not None:
-                return pick
+                return _prefixed(regime, pick)
         if self._threads_first:
             self._threads_first = False
             one = Config(cur.placement, cur.processes, 1)
@@ -321,15 +330,14 @@ class MeasuredController:
                 # The envs now compute: threads only queue for the GIL, and the waiting inferred from a threaded
                 # interval wanders (it stepped threads down one rung per move). One thread is measured next
                 # (an instant change), and reverted if it measures worse.
-                d = self._move(cur, one, m, f"{one.label}: the env's CPU per step jumped; threads queue for the GIL")
-                return dataclasses.replace(d, reason=regime + d.reason)
+                return _prefixed(regime, self._move(cur, one, m, f"{one.label}: the env's CPU per step jumped; threads queue for the GIL"))
             same = [c for c in allowed if c.placement == cur.placement and c.processes == cur.processes]
             pick = self._best(same, cur, here, model, cal, m, lockstep)
             if pick is not None:
-                return pick
+                return _prefixed(regime, pick)
         pick = self._best(allowed, cur, here, model, cal, m, lockstep)
         if pick is not None:
-            return pick
+            return _prefixed(regime, pick)
         return self._hold(cur, f"{regime}hold {cur.label}: {here:,.0f} steps/s measured; model x{cal:.2f} "
                                f"(CPU {1e3 * model.cpu_s:.2f} ms, waiting {1e3 * model.wait_s:.2f} ms per step)")
 
@@ -572,9 +580,14 @@ def _resources(c: Config) -> tuple[int, int]:
     return (0, 0) if c.placement == "inline" else (c.processes, c.threads)
 
 
-def _cpu_moved(a: float, b: float) -> bool:
+def _prefixed(regime: str, d: Decision) -> Decision:
+    """``d`` with the news of a change of cost (``regime``, "" when none) before its reason."""
+    return dataclasses.replace(d, reason=regime + d.reason) if regime else d
+
+
+def _cpu_moved(a: float, b: float, factor: float = 2.0) -> bool:
     """A change of per-step CPU that no change of configuration explains (thread hand-overs, contention): x2 and 100 us."""
-    return abs(a - b) > 100e-6 and max(a, b) > 2 * max(min(a, b), 1e-9)
+    return abs(a - b) > 100e-6 and max(a, b) > factor * max(min(a, b), 1e-9)
 
 
 def _changed(a: Costs, b: Costs, factor: float) -> bool:

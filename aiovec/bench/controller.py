@@ -211,8 +211,8 @@ def converged_at(history: list[dict], start: int = 0) -> int | None:
     if not labels:
         return None
     for i, h in enumerate(hist):
-        if str(h.get("reason", "")).startswith("move to revert"):
-            j = max((k for k in range(i) if str(hist[k].get("reason", "")).startswith("move to")), default=None)
+        if "move to revert" in str(h.get("reason", "")):  # a move's reason may open with the news of a change of cost
+            j = max((k for k in range(i) if "move to" in str(hist[k].get("reason", ""))), default=None)
             if j is not None:
                 labels[j + 1: i + 1] = [labels[j]] * (i - j)
     last = labels[-1]
