@@ -105,13 +105,15 @@ saves processes, and the model under-rates some (8 -> 2 processes for 8 CPU-boun
 measured); so do changes of threads (instant, no envs move)."""
 
 
-DECISIVE_CPU_JUMP = 3.0
+DECISIVE_CPU_JUMP = 2.0
 """A change of the env's CPU per step by this factor (and 100 us) in one control interval is a new cost at once,
 without a second interval to confirm it. The demo's change of cost (24 envs waiting 3 ms, then computing 1 ms, then
 waiting again; 3-s phases) lost a whole interval at ~1,000 steps/s after each change, where the setting for
 waiting envs ran at ~6,000: the interval in which the cost changed is a blend (CPU 0.96 -> 0.29 ms per step),
-and the two-interval rule waited for the next. CPU per step is what a busy host does not triple: it stretches
-the wall time of a step, which the rule for waiting (two intervals) still guards."""
+and the two-interval rule waited for the next. Where a command lasts long (8 envs waiting 3 ms on one thread:
+24 ms), the blend spans two intervals (CPU 0.91 -> ~0.35 -> 0.04 ms per step in one round at x3): a factor of
+3 still waited for the third. CPU per step is what a busy host does not double: it stretches the wall time of a
+step, which the rule for waiting (two intervals) still guards."""
 
 
 class MeasuredController:
@@ -173,6 +175,8 @@ class MeasuredController:
         self._prior_here: float | None = None  # what the current configuration measured before this visit
         self._regimes: list[tuple[Costs, dict[Config, _Record]]] = []  # what earlier env costs measured
         self._decide_now = False
+        self._provisional = False  # the last change of cost was decided on one interval, and the next may correct it
+        self._before_change: Costs | None = None  # the cost before the last change
         self._settled_in = 0  # skipped intervals since the last process move: how long envs took to move
         self._slow_moves = False  # the last process move took more than two intervals (long episodes)
         self.regime_changes = 0
@@ -203,8 +207,9 @@ class MeasuredController:
         regime = self._track(cur, x, costs)
         self._visit.append(x)
         rec = self.records.setdefault(cur, _Record())
-        rec.samples.append(x)
-        rec.seen = self._i
+        if not self._provisional:  # an interval that may blend two costs is neither's record
+            rec.samples.append(x)
+            rec.seen = self._i
         if len(self._visit) < self.confirm and not self._decide_now:
             return self._hold(cur, f"{regime}measuring {cur.label}: {x:,.0f} steps/s ({len(self._visit)}/{self.confirm})")
         if not self._decide_now and self._disagree():
@@ -268,17 +273,26 @@ class MeasuredController:
     def _track(self, cur: Config, x: float, costs: Costs) -> str:
         """Follow the env's cost at an unchanged configuration; a jump held two intervals is a new regime.
 
-        Two intervals agreeing on the new cost decide at once (the second is all new cost); one interval decides
+        Two intervals agreeing on the new cost decide at once (the second is all new cost). One interval decides
         where the env's CPU per step moved by :data:`DECISIVE_CPU_JUMP` or more (a busy host stretches a step's wall
-        time, not its CPU time). What each
-        earlier cost measured is kept: an env that returns to a cost it had resumes that cost's
-        measurements and bans (no re-exploring what is known); a new cost starts afresh, threads first.
+        time, not its CPU time), provisionally: that interval may be a blend of the two costs, so until the next
+        one settles the cost only instant changes (threads) are made, and a next interval whose CPU per step
+        moved again re-keys the regime (see :meth:`_switch`). What each earlier cost measured is kept: an env that returns to a
+        cost it had resumes that cost's measurements and bans (no re-exploring what is known); a new cost starts
+        afresh, threads first.
         """
         old = self.costs
-        if cur != self._here:
+        moved = cur != self._here
+        if moved:
             self._here, self._visit = cur, []
             rec = self.records.get(cur)
             self._prior_here = rec.median if rec is not None and rec.samples else None
+        if self._provisional:
+            self._provisional = False
+            assert old is not None and self._before_change is not None
+            if _cpu_moved(old.cpu_s, costs.cpu_s):  # the deciding interval was a blend: this one is the new cost
+                return self._switch(self._before_change, costs, settled=True)
+        if moved:
             # Across configurations the inferred waiting carries the model's errors: only a jump of CPU counts.
             if old is None or not _cpu_moved(old.cpu_s, costs.cpu_s):
                 self.costs, self._jumps = costs, 0
@@ -287,32 +301,43 @@ class MeasuredController:
         else:
             assert old is not None
             jump = _changed(old, costs, self.cost_change)
-        if jump:
-            self._jumps += 1
-        else:
-            self._jumps = 0
-        if self._jumps >= 2 or (jump and _cpu_moved(old.cpu_s, costs.cpu_s, DECISIVE_CPU_JUMP)):
+        self._jumps = self._jumps + 1 if jump else 0
+        if self._jumps >= 2:
             rec = self.records.get(cur)
-            if self._jumps >= 2 and rec is not None and rec.samples:
+            if rec is not None and rec.samples:
                 rec.samples.pop()  # the first interval at the new cost was counted under the old one
-            self._regimes = [(c, r) for c, r in self._regimes if _changed(c, old, self.cost_change)][-3:]
-            self._regimes.append((old, self.records))
-            known = next((r for c, r in self._regimes if not _changed(c, costs, self.cost_change)), None)
-            self.records = known if known is not None else {}
-            self.costs, self._jumps, self._base, self._visit = costs, 0, None, []
-            self._process_probes_left, self._prior_here = (0 if known is not None else self.process_probes), None
-            # a cost seen before: its measurements decide, no new process probes; a new one: threads first
-            self._probes_left, self._threads_first, self._explored_processes = self.probes, known is None, known is not None
-            self._cpu_up = _cpu_moved(old.cpu_s, costs.cpu_s) and costs.cpu_s > old.cpu_s
-            self._decide_now = True
-            self.regime_changes += 1
-            return (f"env cost changed (CPU {1e3 * old.cpu_s:.2f} -> {1e3 * costs.cpu_s:.2f} ms, "
-                    f"waiting {1e3 * old.wait_s:.2f} -> {1e3 * costs.wait_s:.2f} ms per step"
-                    f"{'; a cost seen before: its measurements resume' if known is not None else ''}); ")
+            return self._keep_and_switch(old, costs)
+        if jump and _cpu_moved(old.cpu_s, costs.cpu_s, DECISIVE_CPU_JUMP):
+            self._provisional = True
+            return self._keep_and_switch(old, costs)
         if not self._jumps:
             self.costs = Costs(*(0.5 * a + 0.5 * b for a, b in zip((old.cpu_s, old.wait_s, old.main_s),
                                                                   (costs.cpu_s, costs.wait_s, costs.main_s), strict=True)))
         return ""
+
+    def _keep_and_switch(self, old: Costs, costs: Costs) -> str:
+        """Keep what the cost ``old`` measured (the last few costs' records), then :meth:`_switch` to ``costs``."""
+        self._regimes = [(c, r) for c, r in self._regimes if _changed(c, old, self.cost_change)][-3:]
+        self._regimes.append((old, self.records))
+        self._before_change = old
+        return self._switch(old, costs)
+
+    def _switch(self, old: Costs, costs: Costs, settled: bool = False) -> str:
+        """A new env regime at ``costs`` (``old``: the cost before the change): a cost seen before resumes its records
+        and bans and probes no new process count; a new one starts afresh, threads first. ``settled``: the cost a
+        provisional change (one interval, perhaps a blend) settled at, which replaces that interval's cost."""
+        known = next((r for c, r in self._regimes if not _changed(c, costs, self.cost_change)), None)
+        self.records = known if known is not None else {}
+        self.costs, self._jumps, self._base, self._visit, self._prior_here = costs, 0, None, [], None
+        self._process_probes_left = 0 if known is not None else self.process_probes
+        self._probes_left, self._threads_first, self._explored_processes = self.probes, known is None, known is not None
+        self._cpu_up = _cpu_moved(old.cpu_s, costs.cpu_s) and costs.cpu_s > old.cpu_s
+        self._decide_now = True
+        if not settled:
+            self.regime_changes += 1
+        return (f"env cost {'settled' if settled else 'changed'} (CPU {1e3 * old.cpu_s:.2f} -> {1e3 * costs.cpu_s:.2f} ms, "
+                f"waiting {1e3 * old.wait_s:.2f} -> {1e3 * costs.wait_s:.2f} ms per step"
+                f"{'; a cost seen before: its measurements resume' if known is not None else ''}); ")
 
     def _choose(self, cur: Config, here: float, costs: Costs, m: Measurement, regime: str) -> Decision:
         model = self.costs or costs
@@ -323,6 +348,8 @@ class MeasuredController:
             pick = self._best([c for c in allowed if c.placement == "process"], cur, here, model, cal, m, lockstep, force=True)
             if pick is not None:
                 return _prefixed(regime, pick)
+        if self._provisional:  # the cost may be a blend of two: only instant changes until the next interval settles it
+            allowed = [c for c in allowed if not _moves_envs(c, cur)]
         if self._threads_first:
             self._threads_first = False
             one = Config(cur.placement, cur.processes, 1)

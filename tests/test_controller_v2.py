@@ -300,21 +300,49 @@ def test_after_a_change_of_cost_threads_move_first_and_it_readapts_within_six_in
     assert predict(after[5], Costs(30e-6, 3e-3, 20e-6), 24, 2) >= 0.9 * best, [x.label for x in after]
 
 
-def test_a_change_of_cpu_per_step_by_three_times_decides_in_one_interval_one_of_waiting_in_two() -> None:
-    """24 envs computing 1 ms a step start waiting 3 ms: their CPU per step falls ~30x, which a busy host cannot
-    do (it stretches wall time, not CPU time), so the first interval that shows it decides, and threads come at
-    once. The demo's change of cost lost a whole interval at ~1,000 steps/s, where threads ran at ~6,000, waiting
+def test_a_change_of_cpu_per_step_by_twice_decides_in_one_interval_one_of_waiting_in_two() -> None:
+    """24 envs computing 1 ms a step start waiting 3 ms: their CPU per step falls ~30x (in the interval the change
+    falls in, a blend, 2.5x), which a busy host cannot do (it stretches wall time, not CPU time), so the first
+    interval that shows it decides, and threads come at once. The demo's change of cost lost a whole interval at ~1,000 steps/s, where threads ran at ~6,000, waiting
     for a second. A change of waiting alone (wall time) still needs two intervals to agree."""
     ctrl = MeasuredController()
     c = follow(ctrl, Config("process", 2, 1), 15, n=24, t_cpu=1e-3, t_wait=0.0)[-1]
     d = ctrl.decide(interval(c, n=24, t_cpu=30e-6, t_wait=3e-3))
     assert "cost changed" in d.reason and (d.threads or 1) > 1 and d.target == c.processes, d.reason
 
+    ctrl = MeasuredController()  # a blend: the cost changed within the interval (CPU 1 -> 0.4 ms a step)
+    c = follow(ctrl, Config("process", 2, 1), 15, n=24, t_cpu=1e-3, t_wait=0.0)[-1]
+    d = ctrl.decide(interval(c, n=24, t_cpu=0.4e-3, t_wait=1.8e-3))
+    assert "cost changed" in d.reason, d.reason
+
     ctrl = MeasuredController()
     c = follow(ctrl, Config("process", 2, 1), 15, n=24, t_cpu=1e-3, t_wait=0.0)[-1]
     reasons = [ctrl.decide(interval(c, n=24, t_cpu=1e-3, t_wait=3e-3, rate=predict(c, Costs(1e-3, 3e-3, 20e-6), 24, 2))).reason
                for _ in range(2)]
     assert "cost changed" not in reasons[0] and "cost changed" in reasons[1], reasons
+
+
+def test_a_change_decided_on_one_interval_moves_no_envs_until_the_next_settles_the_cost() -> None:
+    """The interval a change falls in blends the two costs: 8 envs back from 1 ms of CPU a step to 10 us showed
+    0.2 ms in it. Deciding on it alone, the controller once moved them from processes to hybrid (the best for a
+    cost no interval really had), then stayed there. Now it changes only threads (instant) on such an interval;
+    the next, at the cheap cost seen before, settles the regime there, and its records take the envs back inline."""
+    cheap = {"n": 8, "t_cpu": 10e-6, "t_wait": 0.0, "inline_ok": True}
+    costly = {"n": 8, "t_cpu": 1e-3, "t_wait": 0.0, "inline_ok": True}
+    ctrl, c = MeasuredController(), Config.inline()
+    c = follow(ctrl, c, 8, **cheap)[-1]
+    assert c == Config.inline(), c
+    c = follow(ctrl, c, 10, **costly)[-1]
+    assert c.placement == "process" and ctrl.regime_changes == 1, c
+    d = ctrl.decide(interval(c, n=8, t_cpu=0.2e-3, t_wait=0.0, inline_ok=True))
+    assert "cost changed" in d.reason and d.target == c.processes and (d.placement or c.placement) == c.placement, d.reason
+    c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+    d = ctrl.decide(interval(c, **cheap))
+    assert "cost settled" in d.reason and "seen before" in d.reason, d.reason
+    assert ctrl.regime_changes == 2
+    c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+    rest = follow(ctrl, c, 6, **cheap)
+    assert rest[-1] == Config.inline() and all(x.placement != "hybrid" for x in rest), [x.label for x in rest]
 
 
 def test_when_waiting_envs_start_computing_threads_go_to_one_at_once() -> None:
