@@ -26,6 +26,18 @@ def checkpoint() -> Any:
     yield
 
 
+async def wait_done(fut: asyncio.Future[Any], timeout: float) -> bool:
+    """Await ``fut`` for at most ``timeout`` seconds without cancelling it; whether it is done.
+
+    Not ``asyncio.wait_for(asyncio.shield(fut), timeout)``: on 3.11 that returns ``fut``'s result when a
+    cancellation arrives just as ``fut`` completes, and the cancelled task goes on. A worker's ``stop()`` did so
+    on a second Ctrl-C (its ``serve`` ended as the cancellation came) and was still waiting when the loop closed:
+    "Task was destroyed but it is pending!" at exit. Raises ``CancelledError`` when the caller is cancelled.
+    """
+    await asyncio.wait((fut,), timeout=timeout)
+    return fut.done()
+
+
 def has_uvloop() -> bool:
     """Whether uvloop can be imported here."""
     try:

@@ -165,6 +165,7 @@ class WorkerPool:
         self._targets: dict[int, int] = {}  # env -> worker it should move to
         self._moving: dict[int, tuple[int, list]] = {}  # env -> (destination, deferred commands)
         self._stopping: list[asyncio.Task] = []
+        self.abandoned = False  # close() was cancelled or failed: see abandon()
         self.moves = 0
         self.poll_s = 0.0  # time this process spent polling for replies (not bookkeeping: the controller subtracts it)
         self.replies = 0  # replies delivered, of any kind (counted in _after_reply)
@@ -240,10 +241,9 @@ class WorkerPool:
         for wid, w in self.workers.items():
             if w.handle.alive:
                 self._send(wid, P.Close(), None)
-        handles = [w.handle for w in self.workers.values()]
-        await asyncio.gather(*(h.stop(grace) for h in handles), *self._stopping, return_exceptions=True)
+        self._stopping += [self._loop.create_task(w.handle.stop(grace)) for w in self.workers.values()]
         # A worker that dies while closing (killed after the grace period) is reaped by _on_exit in a task
-        # of its own, started after the gather above: close() returns only once that one is done too.
+        # of its own, started after the ones above: close() returns only once that one is done too.
         while pending := [t for t in self._stopping if not t.done()]:
             await asyncio.gather(*pending, return_exceptions=True)
         self._fail_outstanding(ClosedError("the vector env was closed before this command was answered"))
@@ -265,6 +265,16 @@ class WorkerPool:
     def kill_all(self) -> None:
         for w in [*self.workers.values(), *(w for w, _ in self._parked.values())]:
             w.handle.kill()
+
+    def abandon(self) -> None:
+        """``close()`` was cancelled or failed: kill every worker now, cancel the tasks reaping them and start no
+        more. Nobody would await them: a second Ctrl-C during ``close()`` left workers' ``stop()`` tasks pending
+        when the loop closed ("Task was destroyed but it is pending!" at exit). The processes are killed here and
+        reaped by their executors' threads."""
+        self.abandoned = True
+        self.kill_all()
+        for t in self._stopping:
+            t.cancel()
 
     @property
     def num_workers(self) -> int:
@@ -591,7 +601,7 @@ class WorkerPool:
         self.try_moves()
 
     def _reap(self, handle: WorkerHandle) -> None:
-        if self._loop.is_closed():  # collected after its loop ended (never closed): the kill was all there is
+        if self._loop.is_closed() or self.abandoned:  # the kill was all there is (see abandon)
             return
         self._stopping = [t for t in self._stopping if not t.done()]
         self._stopping.append(self._loop.create_task(handle.stop(5.0)))

@@ -522,8 +522,13 @@ class AsyncVecEnv:
             try:
                 await pool.close(self.close_timeout)
             except BaseException:
-                pool.kill_all()  # cancelled or failed mid-close: leave nothing running
+                pool.abandon()  # cancelled or failed mid-close: leave nothing running, nor pending
                 raise
+        except BaseException:
+            pool, self._pool = self._pool, None  # cancelled before the pool's close began: the same
+            if pool is not None:
+                pool.abandon()
+            raise
         finally:
             self._close_done.set_result(None)
         # No gc.collect() here (it can hold the loop for long in a big application): each worker's

@@ -358,6 +358,43 @@ def test_close_with_steps_in_flight_has_released_everything_when_it_returns(run,
     assert_clean(clean)
 
 
+def _running(pid: int | None) -> bool:
+    try:
+        return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_close_cancelled_midway_leaves_no_worker_and_no_task_pending(run, clean) -> None:
+    """A second Ctrl-C lands in ``close()``: the workers are killed at once, and no task reaping them is left
+    for nobody to await (a worker's ``stop()`` pending when the loop closed printed "Task was destroyed but it
+    is pending!" at exit, about one double Ctrl-C in thirty). Cancelled at several points of the close."""
+
+    async def main() -> None:
+        ours = asyncio.all_tasks()  # this test's own (and the fixture's)
+        for delay in (0.0, 0.001, 0.003, 0.01, 0.03, 0.1):
+            venv = AsyncVecEnv([functools.partial(gym.make, "CartPole-v1")] * 4, num_workers=4, placement="process")
+            await wait(venv.reset(seed=0))
+            pids = [w["pid"] for w in venv.stats()["workers"]]
+            closing = asyncio.ensure_future(venv.close())
+            await asyncio.sleep(delay)
+            closing.cancel()
+            await asyncio.gather(closing, return_exceptions=True)
+            for _ in range(200):  # the kills land within milliseconds
+                alive = [p for p in pids if _running(p)]
+                if not alive:
+                    break
+                await asyncio.sleep(0.01)
+            assert not alive, (delay, alive)
+            await asyncio.sleep(0.02)  # the deaths are seen: nothing is started to reap them, nothing left pending
+            others = [t for t in asyncio.all_tasks() if t not in ours]
+            assert not others, (delay, others)
+            assert venv.closed
+
+    run(main())
+    assert_clean(clean)
+
+
 # -- cancellation and errors in async with ----------------------------------------------------------
 @pytest.mark.parametrize("placement", ["inline", "hybrid"])
 def test_a_step_cancelled_after_stepping_in_this_process_leaves_its_results_for_recv(run, clean, placement: str) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from gymnasium.vector import AutoresetMode
 
 from .. import protocol as P
+from ..loop import wait_done
 from ..threads import in_thread
 from ..worker import EnvHost
 from .base import Backend, ExitCallback, ReplyCallback, WorkerHandle
@@ -250,10 +251,7 @@ class InlineWorker(WorkerHandle):
     async def stop(self, grace: float) -> None:
         """Wait for the CLOSE already queued to run (up to ``grace``), then release everything."""
         if not self._exited:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._closed), grace)
-            except asyncio.TimeoutError:
-                pass
+            await wait_done(self._closed, grace)
         if not self._exited:
             self._exited = True
             self._queue.clear()

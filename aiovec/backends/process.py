@@ -23,6 +23,7 @@ from typing import Any
 
 from .. import protocol as P
 from .. import worker as worker_side
+from ..loop import wait_done
 from ..protocol import decode_reply
 from ..shm import SharedBuffers
 from .base import Backend, ExitCallback, ReplyCallback, WorkerHandle
@@ -322,17 +323,12 @@ class ProcessWorker(WorkerHandle):
         """Called after CLOSE was sent (or the worker died): wait, then kill, then reap."""
         self._closing = True
         if not self._started.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(self._started), grace)
-            except asyncio.TimeoutError:
-                pass
+            await wait_done(self._started, grace)
         if self._serve is None:  # never started (or could not): nothing to wait for
             self._finish(None, crashed=False)
             return
         if not self._exited:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._served), grace)
-            except (asyncio.TimeoutError, Exception):
+            if not await wait_done(self._served, grace):
                 self.kill()
         if not self._exited:
             # serve returned; let the executor tell its process to exit, within the grace period.
@@ -369,10 +365,7 @@ async def _wait_exit(loop: asyncio.AbstractEventLoop, process: Any, timeout: flo
 
     loop.add_reader(fd, ready)
     try:
-        await asyncio.wait_for(fut, timeout)
-        return True
-    except asyncio.TimeoutError:
-        return False
+        return await wait_done(fut, timeout)
     finally:
         loop.remove_reader(fd)
 
