@@ -27,8 +27,9 @@ controller records the measured steps/s of the configuration that ran, and:
    configuration measures below its own earlier record (a slower host), the others' are scaled down alike,
    and a move to more resources on a record must also clear its scatter plus the current visit's.
 
-After the env's per-step cost changes (two intervals in a row at an unchanged configuration),
-the first move may only change threads (instant) and processes follow in later moves. Knobs the
+After the env's per-step cost changes (two intervals in a row at an unchanged configuration; one, provisionally,
+where its CPU per step moved 2x: see :data:`DECISIVE_CPU_JUMP`), the first move may only change threads (instant)
+and processes follow in later moves. Knobs the
 user fixed (``Measurement.fixed_workers``/``fixed_threads``) are never turned.
 
 Pure: no clock, no I/O. Feed it :class:`~aiovec.controller.Measurement` objects.
@@ -204,7 +205,7 @@ class MeasuredController:
             self._drop_first = False
             self._slow_moves = self._settled_in > 2
             return self._hold(cur, f"warming up {cur.label}: {x:,.0f} steps/s not counted")
-        regime = self._track(cur, x, costs)
+        regime = self._track(cur, costs)
         self._visit.append(x)
         rec = self.records.setdefault(cur, _Record())
         if not self._provisional:  # an interval that may blend two costs is neither's record
@@ -270,7 +271,7 @@ class MeasuredController:
         v = self._visit
         return len(v) < self.confirm + EXTRA_SAMPLES and min(v) > 0 and max(v) / min(v) > 1 + self.spread
 
-    def _track(self, cur: Config, x: float, costs: Costs) -> str:
+    def _track(self, cur: Config, costs: Costs) -> str:
         """Follow the env's cost at an unchanged configuration; a jump held two intervals is a new regime.
 
         Two intervals agreeing on the new cost decide at once (the second is all new cost). One interval decides
