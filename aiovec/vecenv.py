@@ -511,6 +511,7 @@ class AsyncVecEnv:
             return
         self._closed = True
         self._close_done = asyncio.get_running_loop().create_future()
+        pool = None
         try:
             self._notify()
             if self._control_task is not None:
@@ -519,15 +520,12 @@ class AsyncVecEnv:
             pool, self._pool = self._pool, None
             if pool is None:
                 return
-            try:
-                await pool.close(self.close_timeout)
-            except BaseException:
-                pool.abandon()  # cancelled or failed mid-close: leave nothing running, nor pending
-                raise
+            await pool.close(self.close_timeout)
         except BaseException:
-            pool, self._pool = self._pool, None  # cancelled before the pool's close began: the same
+            if pool is None:  # cancelled before the pool's close began
+                pool, self._pool = self._pool, None
             if pool is not None:
-                pool.abandon()
+                pool.abandon()  # cancelled or failed mid-close: leave nothing running, nor pending
             raise
         finally:
             self._close_done.set_result(None)
