@@ -57,6 +57,19 @@ def test_cpu_bound_envs_get_one_process_per_core() -> None:
     assert trace[-1] == Config("process", 2, 1), [c.label for c in trace]
 
 
+def test_lock_step_rates_processes_that_do_not_divide_over_the_cores_below_those_that_do() -> None:
+    """24 envs of 1 ms CPU on 2 cores measured 12.4 ms a batch at 2 processes, 14.4 at 3, 12.8 at 4: a third
+    process leaves one core with two shards. The model once rated 3 a tie with 2, so after the demo's change
+    to computing the controller held 3 processes ~15% below 2."""
+    cpu_bound = Costs(1e-3, 0.0, 20e-6)
+    rate = {p: predict(Config("process", p, 1), cpu_bound, 24, 2) for p in (2, 3, 4)}
+    assert rate[3] < 0.9 * rate[2] and rate[3] < 0.9 * rate[4], rate
+    truth = {2: 1936, 3: 1670, 4: 1878, 6: 1846, 8: 1796, 12: 1750, 24: 1700}  # measured here (12, 24: below 8)
+    trace = follow(MeasuredController(), Config("process", 3, 1), 12, truth=lambda c: truth.get(c.processes, 1000),
+                   n=24, t_cpu=1e-3, t_wait=0.0)
+    assert trace[-1].processes in (2, 4), [c.label for c in trace]
+
+
 def test_lock_step_moves_only_between_efficient_process_counts() -> None:
     allowed = set(efficient_counts(24))
     for t_wait in (0.0, 3e-3, 20e-3):
