@@ -29,7 +29,7 @@ from . import protocol as P
 from .autoconf import SPIN_S, StepCost, choose_placement, plan_workers, probe_step_cost, spin_for
 from .backends.base import Backend
 from .backends.inline import InlineBackend
-from .backends.process import ProcessBackend, get_context
+from .backends.process import ProcessBackend, get_context, start_forkserver
 from .control import ControlLoop
 from .controller import Controller
 from .envtable import BROKEN, IDLE, READY, STEPPING, EnvTable
@@ -397,7 +397,11 @@ class AsyncVecEnv:
         self._starting = loop.create_future()
         try:
             if self._probe is None:
-                self._probe = await in_thread(self._probed)  # env 0's constructor may take seconds
+                probe = in_thread(self._probed)  # env 0's constructor may take seconds
+                if self._needs_processes():  # the fork server's imports run beside the probe
+                    self._probe, _ = await asyncio.gather(probe, in_thread(start_forkserver, self._context_name))
+                else:
+                    self._probe = await probe
             kind, workers = self._plan_placement()
             self._host_options["measure_runq"] = False  # the inline backend copies its options now: no schedstat reads here
             backend, inline = self._make_backends()
@@ -440,6 +444,12 @@ class AsyncVecEnv:
                 self._starting.exception()  # mark retrieved
             self._starting = None
             raise
+
+    def _needs_processes(self) -> bool:
+        """Whether worker processes start whatever env 0's probe tells (else the placement waits for it)."""
+        if self.backend != "process" or self.placement_arg == "inline":
+            return False
+        return self.placement_arg in ("process", "hybrid") or self._num_workers_arg != "auto" or self.step_timeout is not None
 
     def _plan_placement(self) -> tuple[str, int]:
         """Where to start the envs, ``(kind, workers)``, and which controller (if any) runs."""
