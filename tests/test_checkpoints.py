@@ -7,6 +7,8 @@ task ran, many times), not on how long anything took.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -106,6 +108,41 @@ def test_slow_env_constructor_does_not_stall_the_loop(run_uv, clean, start: str)
 
     run_uv(main())
     assert_clean(clean)
+
+
+FORKSERVER_BESIDE_PROBE = """
+import asyncio, os, time
+from multiprocessing import forkserver
+import gymnasium as gym, aiovec
+
+MAIN = os.getpid()
+seen = []
+
+def make():
+    env = gym.make("CartPole-v1")
+    if os.getpid() == MAIN:  # the probe of env 0, in this process: a slow constructor
+        time.sleep(0.4)
+        seen.append(forkserver._forkserver._forkserver_pid is not None)
+    return env
+
+async def main():
+    async with aiovec.AsyncVecEnv([make] * 2, num_workers=2, placement=PLACEMENT):
+        print("fork server running as env 0's constructor ended:", seen[0])
+
+if __name__ == "__main__":
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("placement", ["process", "hybrid"])
+def test_the_fork_server_starts_beside_the_probe_of_env_0(tmp_path, placement: str) -> None:
+    """Where workers start whatever the probe says, the fork server's imports run while env 0 is built, not after.
+    A fresh interpreter, so that no fork server runs yet."""
+    script = tmp_path / "beside.py"
+    script.write_text(FORKSERVER_BESIDE_PROBE.replace("PLACEMENT", repr(placement)))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == "True", proc.stdout
 
 
 def test_broken_factory_inside_a_loop_fails_at_start_with_config_error(run_uv, clean) -> None:
