@@ -379,9 +379,7 @@ class MeasuredController:
         if self._explored_processes or self._slow_moves:  # process moves cost episodes of mixed placement: one look
             explore = {c for c in explore if c.processes == cur.processes}  # per regime, none where episodes are long
         rung = self._other_rung(cur, cands, costs, m)
-        # Records of other configurations are from other moments: if this one measures below what it measured on
-        # an earlier visit, the host (or the env) is slower now, and theirs would be too.
-        drift = min(1.0, here / self._prior_here) if self._prior_here else 1.0
+        drift, drift_fewer = self._drift(here, False), self._drift(here, True)
         for c in cands:
             rec = self.records.get(c)
             if rec is not None and rec.banned_until > self._i and c != cur:
@@ -391,7 +389,8 @@ class MeasuredController:
             if c == cur:
                 scored.append((here, here, True, c))
             elif fresh:
-                scored.append((rec.median * drift, rec.median * drift, True, c))  # type: ignore[union-attr]
+                x = rec.median * (drift_fewer if _resources(c) < _resources(cur) else drift)  # type: ignore[union-attr]
+                scored.append((x, x, True, c))
             elif _moves_envs(c, cur) and self._process_probes_left <= 0 and not force:
                 continue  # process probes spent (or a cost measured before: its measurements decide)
             elif self._probes_left > 0 or force:
@@ -435,6 +434,19 @@ class MeasuredController:
         return self._move(cur, best, m, f"{best.label}: {why}{kind} {score:,.0f} steps/s vs {here:,.0f} at {cur.label}")
 
     # -- helpers --------------------------------------------------------------------------
+    def _drift(self, here: float, fewer: bool) -> float:
+        """How much slower the host (or the env) is now than when other configurations' records were made, at most 1.
+
+        Records are from other moments: if the current configuration measures below what it measured on an earlier
+        visit, theirs would be lower now too. For a configuration with ``fewer`` resources (a move that must only
+        not cost), a drop within this visit counts as well, so a record from before it cannot turn a slower host into
+        a near tie: 24 waiting envs held 3p x 8t at 6,700-6,850 steps/s until the host slowed it to ~6,500, then
+        moved to a 2p x 12t record of 6,450 (and back), ten intervals after a change of cost. A clear drop still
+        sends it back to more resources (their record is not discounted by it)."""
+        early = statistics.median(self._visit[: self.confirm]) if fewer and len(self._visit) > 2 * self.confirm else 0.0
+        ref = max(self._prior_here or 0.0, early)
+        return min(1.0, here / ref) if ref > 0 else 1.0
+
     def _other_rung(self, cur: Config, cands: list[Config], costs: Costs, m: Measurement) -> Config | None:
         """Inline, where the current configuration is hybrid: to be measured rather than predicted, or None.
 

@@ -254,6 +254,30 @@ def test_records_from_another_moment_are_scaled_by_the_drift_of_the_current_conf
     assert c == b and sum("move to" in r for r in trace) == 1, trace  # one move: to the resumed record
 
 
+def test_a_host_that_slows_within_a_visit_discounts_the_older_records_too() -> None:
+    """24 waiting envs held 3p x 8t at 6,800 steps/s; the host then slowed it to 6,500, and the 2p x 12t record of
+    6,450 made before the visit read as a near tie: the controller moved there (and reverted), ten intervals after
+    the change of cost in the controller benchmark. Records are scaled by this visit's own drop too."""
+    ctrl, c = MeasuredController(), Config("process", 2, 12)
+    slow = False
+
+    def truth(c: Config) -> float:
+        if c == Config("process", 2, 12):
+            return 6450
+        if c == Config("process", 3, 8):
+            return 6500 if slow else 6800
+        return 0.9 * predict(c, Costs(60e-6, 2.8e-3, 20e-6), 24, 2)
+
+    trace = []
+    for i in range(30):
+        slow = i >= 14
+        d = ctrl.decide(interval(c, n=24, t_cpu=60e-6, t_wait=2.8e-3, rate=truth(c)))
+        c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+        trace.append(c)
+    assert trace[5] == Config("process", 3, 8), [x.label for x in trace]
+    assert set(trace[5:]) == {Config("process", 3, 8)}, [x.label for x in trace]
+
+
 def test_one_process_probe_per_env_regime() -> None:
     """wait64 on this VM: a second probe, from 5 to 16 processes, started 11 processes inside the measured window
     (0.78x of the best static setting in that round). A probe to another process count costs ~4 intervals and a
