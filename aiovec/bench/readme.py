@@ -6,6 +6,7 @@
     aiovec demo --output bench-results/demo
     python -m aiovec.bench ray --out bench-results/ray.json
     python examples/ppo_speedup.py           # examples/results/ppo_speedup/table.md
+    python examples/ppo_speedup.py --setup-only   # examples/results/ppo_speedup/setup.md
     python examples/ppo_mujoco.py            # examples/results/ppo_mujoco/<env-id>/table.md (also --env-id HalfCheetah-v5)
     python examples/webservice_load.py --out bench-results/web.json
     python -m aiovec.bench.readme            # rewrites the blocks between the README's markers
@@ -132,6 +133,9 @@ def main(root: str = ".") -> None:
     ppo = base / "examples" / "results" / "ppo_speedup" / "table.md"
     if ppo.exists():
         text = replace(text, "bench:ppo", ppo.read_text().strip())
+    setup = base / "examples" / "results" / "ppo_speedup" / "setup.md"
+    if setup.exists():
+        text = replace(text, "bench:ppo_setup", setup.read_text().strip())
     for mujoco in sorted((base / "examples" / "results" / "ppo_mujoco").glob("*/table.md")):
         text = replace(text, f"bench:ppo_mujoco:{mujoco.parent.name}", mujoco.read_text().strip())
     ray_json = base / "bench-results" / "ray.json"
