@@ -445,11 +445,14 @@ class AsyncVecEnv:
             self._starting = None
             raise
 
+    def _probe_places(self) -> bool:
+        """Whether env 0's probe decides the placement (inline, hybrid or processes): everything left to "auto"."""
+        auto = self.placement_arg == "auto" and self._num_workers_arg == "auto"
+        return auto and self.step_timeout is None and self.backend == "process"
+
     def _needs_processes(self) -> bool:
         """Whether worker processes start whatever env 0's probe tells (else the placement waits for it)."""
-        if self.backend != "process" or self.placement_arg == "inline":
-            return False
-        return self.placement_arg in ("process", "hybrid") or self._num_workers_arg != "auto" or self.step_timeout is not None
+        return self.backend == "process" and self.placement_arg != "inline" and not self._probe_places()
 
     def _plan_placement(self) -> tuple[str, int]:
         """Where to start the envs, ``(kind, workers)``, and which controller (if any) runs."""
@@ -458,9 +461,8 @@ class AsyncVecEnv:
         auto = self._num_workers_arg == "auto"
         kind = self.placement_arg
         if kind == "auto":
-            may_inline = auto and self.step_timeout is None and self.backend == "process"
             measured = isinstance(self.controller, MeasuredController)  # the default controller is one too
-            kind = choose_placement(self.num_envs, cost, cpus, self._probe.build_s, measured) if may_inline else "process"
+            kind = choose_placement(self.num_envs, cost, cpus, self._probe.build_s, measured) if self._probe_places() else "process"
         workers = plan_workers(self.num_envs, cost, cpus) if auto else min(int(self._num_workers_arg), self.num_envs)
         if kind == "inline":
             workers = 1
