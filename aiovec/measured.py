@@ -180,6 +180,7 @@ class MeasuredController:
         self._before_change: Costs | None = None  # the cost before the last change
         self._settled_in = 0  # skipped intervals since the last process move: how long envs took to move
         self._slow_moves = False  # the last process move took more than two intervals (long episodes)
+        self._look_again = False  # the memory's decay reopened the model's probes beyond PROBE_WINDOW
         self.regime_changes = 0
 
     # -- the decision ---------------------------------------------------------------------
@@ -197,6 +198,7 @@ class MeasuredController:
         if self._i % self.memory == 0:
             self._probes_left = max(self._probes_left, 1)  # decay: one more look around now and then
             self._process_probes_left = max(self._process_probes_left, 1)
+            self._look_again = True
         x, costs = m.throughput, infer_costs(m)
         if self._drop_first:  # the first interval after processes changed: new workers warm up
             # Neither its throughput nor its costs count: costs it inferred while processes started (less waiting,
@@ -393,7 +395,7 @@ class MeasuredController:
                 scored.append((x, x, True, c))
             elif _moves_envs(c, cur) and self._process_probes_left <= 0 and not force:
                 continue  # process probes spent (or a cost measured before: its measurements decide)
-            elif self._probes_left > 0 or force:
+            elif force or (self._probes_left > 0 and self._may_probe()):
                 bonus = 1 + self.explore if c in explore else 1.0
                 raw = cal * predict(c, costs, m.num_envs, m.cpus, lockstep, command_cost(m.pace_s))
                 scored.append((max(bonus * raw, here * (1 + self.gain)) if c == rung else bonus * raw, raw, False, c))
@@ -426,6 +428,7 @@ class MeasuredController:
         if score < need and not force:
             return None
         if not measured:
+            self._look_again = False
             self._probes_left -= 1
             self._process_probes_left -= _moves_envs(best, cur)
             self._explored_processes |= best.processes != cur.processes
@@ -434,6 +437,11 @@ class MeasuredController:
         return self._move(cur, best, m, f"{best.label}: {why}{kind} {score:,.0f} steps/s vs {here:,.0f} at {cur.label}")
 
     # -- helpers --------------------------------------------------------------------------
+    def _may_probe(self) -> bool:
+        """Whether the model may send the run to a configuration it has not measured: early in a visit (see
+        :data:`PROBE_WINDOW`), or once after the memory's decay."""
+        return len(self._visit) <= PROBE_WINDOW or self._look_again
+
     def _drift(self, here: float, fewer: bool) -> float:
         """How much slower the host (or the env) is now than when other configurations' records were made, at most 1.
 
@@ -522,6 +530,15 @@ def _scatter(xs: list[float]) -> float:
     mid = statistics.median(xs)
     return (max(xs) - min(xs)) / mid if mid > 0 else 0.0
 
+
+PROBE_WINDOW = 6
+"""Intervals of a visit within which the model may probe a configuration nobody measured (a visit's first decision
+comes after ``confirm`` intervals, later ones while the intervals disagree). Later in a long hold the smoothed costs
+and the median wander with the host, and a neighbour's promise crosses its bar by drift alone: 24 waiting envs held
+4p x 6t for 8 intervals at ~5,880 steps/s, then probed 3p x 8t at the +12% a move to more processes must promise,
+and 40 envs of 0.05 ms CPU and 1 ms waiting held 4p x 10t for 15 intervals, then probed 4p x 5t at +8%; both
+measured worse and came back (``python -m aiovec.bench controller``: settling in 12 and 17 intervals, not 10). Each
+arrival (a move, a revert, a change of the env's cost) opens a new visit, so a look around follows every change."""
 
 EXTRA_SAMPLES = 1
 """Intervals a visit adds to ``confirm`` where its intervals disagree (see ``MeasuredController._disagree``): with

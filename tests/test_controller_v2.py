@@ -278,6 +278,26 @@ def test_a_host_that_slows_within_a_visit_discounts_the_older_records_too() -> N
     assert set(trace[5:]) == {Config("process", 3, 8)}, [x.label for x in trace]
 
 
+def test_the_model_probes_early_in_a_visit_not_when_its_promise_drifts_over_the_bar_in_a_long_hold() -> None:
+    """wait24 and mixed40 in the controller benchmark held a configuration for 8 and 15 intervals, then probed a
+    neighbour whose promise had drifted over its bar with the inferred costs; both measured worse and came back,
+    settling in 12 and 17 intervals. Here the env's CPU falls 30% and its waiting rises 40% over 30 intervals (no new
+    cost regime), and every configuration but the start measures 15% below the model: the promise of 3p x 8t crosses
+    +12% after 13 intervals. It is not probed; the memory's decay still gives one look around later."""
+    start = Config("process", 4, 6)
+    ctrl, c, trace = MeasuredController(), start, []
+    for i in range(100):
+        f = min(i, 30) / 30
+        costs = Costs(60e-6 * (1 - 0.3 * f), 2.8e-3 * (1 + 0.4 * f), 20e-6)
+        rate = predict(c, costs, 24, 2) * (1 if c == start else 0.85)
+        d = ctrl.decide(interval(c, n=24, t_cpu=costs.cpu_s, t_wait=costs.wait_s, rate=rate))
+        c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+        trace.append(c)
+    labels = [x.label for x in trace]
+    assert set(trace[:60]) == {start}, labels
+    assert Config("process", 3, 8) in trace[60:] and trace[-1] == start, labels  # one look after the decay (80), reverted
+
+
 def test_one_process_probe_per_env_regime() -> None:
     """wait64 on this VM: a second probe, from 5 to 16 processes, started 11 processes inside the measured window
     (0.78x of the best static setting in that round). A probe to another process count costs ~4 intervals and a
