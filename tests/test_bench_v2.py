@@ -55,7 +55,7 @@ def test_v2_cli_smoke_run(tmp_path) -> None:
     r = json.loads(out.read_text())
     assert list(r["workloads"]) == ["CartPole-v1 x8"]
     w = r["workloads"]["CartPole-v1 x8"]
-    expected = {"gym_sync", "gym_async", "aiovec", "aiovec_process", "floor_1", "floor_2"} | ({"envpool"} if r["envpool"] else set())
+    expected = {"gym_sync", "gym_async", "aiovec", "aiovec_process", "floor_1", "floor_2", "cores"} | ({"envpool"} if r["envpool"] else set())
     assert expected <= set(w["steps_per_s"])
     for name, xs in w["steps_per_s"].items():
         assert len(xs) == 1 and all(math.isfinite(x) and x > 0 for x in xs), (name, xs)
@@ -66,6 +66,8 @@ def test_v2_cli_smoke_run(tmp_path) -> None:
     assert q["aiovec/floor"][0] == pytest.approx(s["aiovec"][0] / s[f"floor_{best}"][0])
     assert q["aiovec/limit"][0] == pytest.approx(s["aiovec"][0] / w["limit_steps_per_s"][0])
     assert q["aiovec_process/floor_1"][0] == pytest.approx(s["aiovec_process"][0] / s["floor_1"][0])
+    assert q["cores/limit"][0] == pytest.approx(s["cores"][0] / w["limit_steps_per_s"][0])
+    assert q["aiovec/cores"][0] == pytest.approx(s["aiovec"][0] / s["cores"][0])
     assert w["aiovec_workers"][0] >= 0
     assert w["limit_steps_per_s"][0] == pytest.approx(min(8, available_cpus()) / w["step_time_s"][0])
     assert "| CartPole-v1 x8 |" in r["table"] and "| CartPole-v1 x8 |" in proc.stdout

@@ -25,6 +25,7 @@ from typing import Any
 
 import aiovec
 
+from ..machine import available_cpus
 from . import aiovec_options, envpool_peer, limits, loophold, soak, stall
 from .contenders import AiovecContender, Contender, EnvPoolContender, FloorContender, GymContender
 from .core import kilo, machine
@@ -81,9 +82,13 @@ async def _run_workload(w: Workload, repeats: int, duration: float, warmup: floa
     limit_v: list[float] = []
     step_s: list[float] = []
     limit_how = ""
+    k_cores = min(w.n, available_cpus())
     async with contextlib.AsyncExitStack() as stack:
         t_build = time.perf_counter()
         contenders = await _build(w, counts, stack)
+        cores = None if w.waiting else limits.cores_executor(k_cores, w.env_id, w.kwargs)
+        if cores is not None:
+            stack.callback(cores.shutdown)
         extra: dict[int, FloorContender] = {}  # the floor at aiovec's worker count, when the sweep lacks it
         log(f"  {w.key}: {len(contenders)} contenders built in {time.perf_counter() - t_build:.1f} s")
         for r in range(repeats):
@@ -91,6 +96,8 @@ async def _run_workload(w: Workload, repeats: int, duration: float, warmup: floa
             lim, limit_how = limits.limit(w.n, t)
             limit_v.append(lim)
             step_s.append(t.wall_s)
+            if cores is not None:  # what the cores deliver together, beside the limit that assumes they add up
+                rates.setdefault("cores", []).append(limits.cores_rate(cores, k_cores, w.env_id, w.kwargs, duration))
             # ABBA: every other repeat in reverse, so a drift of the host's speed over a repeat (this project's VMs
             # drift by tens of percent within seconds) biases no contender against its neighbour in the median
             for c in contenders if r % 2 == 0 else contenders[::-1]:
@@ -123,6 +130,9 @@ async def _run_workload(w: Workload, repeats: int, duration: float, warmup: floa
         ratios["aiovec/floor_at_aiovec"] = paired(ours, rates["floor_at_aiovec"])
     if "envpool" in rates:
         ratios["aiovec/envpool"] = paired(ours, rates["envpool"])
+    if "cores" in rates:
+        ratios["cores/limit"] = paired(rates["cores"], limit_v)
+        ratios["aiovec/cores"] = paired(ours, rates["cores"])
     if w.process_forced:
         ratios["aiovec_process/floor_1"] = paired(rates["aiovec_process"], rates["floor_1"])
     if w.checkpoint_peer:
@@ -139,7 +149,8 @@ def run_workload(w: Workload, repeats: int, duration: float, warmup: float, log:
 
 
 COLUMNS = ("workload", "limit", "gym Sync", "gym Async", "EnvPool", "floor best (workers)", "floor @ aiovec's workers",
-           "aiovec defaults (workers, placement)", "aiovec / Sync", "aiovec / floor", "aiovec / limit", "aiovec / EnvPool", "floor / limit")
+           "aiovec defaults (workers, placement)", "aiovec / Sync", "aiovec / floor", "aiovec / limit", "aiovec / EnvPool", "floor / limit",
+           "cores busy / limit", "aiovec / cores busy")
 
 
 def table(workloads: dict[str, dict[str, Any]]) -> str:
@@ -155,7 +166,8 @@ def table(workloads: dict[str, dict[str, Any]]) -> str:
                  f"{_span(s[f'floor_{best}'], kilo)} ({best})", _span(s["floor_at_aiovec"], kilo) or "-",
                  f"{_span(s['aiovec'], kilo)} ({'/'.join(map(str, w))}{', ' + where if where else ''})", _span(q["aiovec/gym_sync"], _ratio),
                  _span(q["aiovec/floor"], _ratio), _span(q["aiovec/limit"], _ratio),
-                 _span(q.get("aiovec/envpool", []), _ratio) or "-", _span(q["floor/limit"], _ratio)]
+                 _span(q.get("aiovec/envpool", []), _ratio) or "-", _span(q["floor/limit"], _ratio),
+                 _span(q.get("cores/limit", []), _ratio) or "-", _span(q.get("aiovec/cores", []), _ratio) or "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
