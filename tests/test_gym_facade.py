@@ -13,7 +13,7 @@ import time
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import assert_clean, assert_tree_equal
+from conftest import assert_clean, assert_tree_equal, pid_gone
 from gymnasium.vector import AutoresetMode
 
 import aiovec
@@ -131,9 +131,7 @@ def test_close_stops_the_loop_thread_and_workers() -> None:
     pids = [w["pid"] for w in v.stats()["workers"]]
     v.close()
     assert {t.ident for t in threading.enumerate()} <= before
-    import psutil
-
-    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert all(pid_gone(p) for p in pids)
     with pytest.raises(aiovec.ClosedError):
         v.step(np.zeros(2, dtype=np.int64))
 

@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import psutil
 import pytest
-from conftest import assert_clean, snapshot
+from conftest import assert_clean, pid_gone, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -210,7 +210,7 @@ def test_parked_workers_stop_after_park_s_and_a_parked_death_costs_nothing(clean
             assert len(parked) == 2
             os.kill(parked[0], signal.SIGKILL)
             deadline = time.monotonic() + 10
-            while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in parked):
+            while not all(pid_gone(p) for p in parked):  # (pid_exists then Process raced with the reaping)
                 assert time.monotonic() < deadline, "parked workers outlived PARK_S"
                 await venv.step(rng.integers(0, 2, 4))
                 await asyncio.sleep(0.01)
