@@ -7,9 +7,12 @@ The CPU count is pinned (2, or 4 for the revive case) so every machine exercises
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import gymnasium as gym
 import numpy as np
+import psutil
 import pytest
 from conftest import assert_clean
 
@@ -152,6 +155,59 @@ def test_the_parent_polls_for_due_replies_only_while_workers_leave_it_a_cpu(cpus
             for _ in range(300):
                 await venv.step(rng.integers(0, 2, n))
             assert venv._pool.poll_s == 0
+
+    aiovec.run(main())
+    assert_clean(clean)
+
+
+def test_a_poll_that_times_out_is_skipped_next_time_and_polling_resumes_once_replies_come(cpus, clean):
+    """A reply that does not come while the parent polls (here: the worker stopped with SIGSTOP; in real runs, the
+    CPU it needs is the one the parent spins on) makes the parent skip its next polls, one more each time in a row,
+    instead of spinning POLL_S every time; once replies come in time, it polls every time again. Results exact."""
+    cpus(2)
+    n = 4
+    rng = np.random.default_rng(2)
+
+    async def main() -> None:
+        ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])
+        async with aiovec.make("CartPole-v1", n, num_workers=1, placement="process", spin=True) as venv:
+            obs, _ = await venv.reset(seed=4)
+            np.testing.assert_array_equal(obs, ref.reset(seed=4)[0])
+            pool = venv._pool
+            for k in range(2000):  # the worker's step time is known (its replies are due), and the last poll was in time
+                a = rng.integers(0, 2, n)
+                got, want = await venv.step(a), ref.step(a)
+                np.testing.assert_array_equal(got[0], want[0])
+                if k >= 50 and pool._poll_backoff == 0 and pool._poll_skip == 0:
+                    break
+            (pid,) = [w["pid"] for w in venv.stats()["workers"]]
+            timeouts = pool.poll_timeouts
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                while psutil.Process(pid).status() != psutil.STATUS_STOPPED:  # before the command can reach it
+                    await asyncio.sleep(0.001)
+                a = rng.integers(0, 2, n)
+                venv.send(a)
+                await asyncio.sleep(0.01)  # long past due
+                polled = []
+                for _ in range(4):
+                    before = pool.poll_s
+                    assert not pool.poll_replies()
+                    polled.append(pool.poll_s > before)
+                assert polled == [True, False, True, False], polled  # timed out, skipped one; again, skipping two
+                assert pool.poll_timeouts == timeouts + 2
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            got, want = await venv.recv(n, timeout=10), ref.step(a)
+            np.testing.assert_array_equal(got.obs, want[0])
+            for _ in range(200):  # replies come in time again: polls succeed, and every due reply is polled for
+                a = rng.integers(0, 2, n)
+                got, want = await venv.step(a), ref.step(a)
+                np.testing.assert_array_equal(got[0], want[0])
+            before = pool.poll_s
+            await venv.step(rng.integers(0, 2, n))
+            assert pool.poll_s > before
+        ref.close()
 
     aiovec.run(main())
     assert_clean(clean)
