@@ -709,8 +709,9 @@ class WorkerPool:
         as long as a batch of 8 CartPoles. Polled only while the workers leave this process a CPU of its own
         (the same rule as the workers' spin, and off with ``spin=False``), only where every busy worker's next
         reply is a step that its measured duration says is due within :data:`POLL_S`, and never while this
-        process still has envs of its own to step. Holds the loop for at most :data:`POLL_S`. Not re-entrant: a
-        reply handler that would poll again (hybrid) finds a poll already running.
+        process still has envs of its own to step. Holds the loop for at most :data:`POLL_S`; a poll that times out
+        makes the next ones skip (:data:`POLL_BACKOFF_MAX`). Not re-entrant: a reply handler that would poll again
+        (hybrid) finds a poll already running.
         """
         if self._polling or self.backend.spin_s <= 0 or self.closing:
             return False
