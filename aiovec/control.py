@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .autoconf import python_pace
 from .controller import Controller, Decision, Measurement
+from .hostload import HostLoad, LoadSample
 from .machine import available_cpus
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class _Sample:
     main_cpu: float
     busy: float
     moves: int
+    load: LoadSample
     task_runq: dict[int, float] | None = None  # per worker pid: run-queue wait of all its threads (s), when threaded
 
 
@@ -82,6 +84,7 @@ class ControlLoop:
         pool = venv._pool
         self.inline_ok = pool is not None and "inline" in pool.backends and venv.placement_arg != "process" and not self.fixed_workers
         self._handed_over = False  # the caller resized by hand: workers and placement are theirs
+        self._host = HostLoad() if venv.backend == "process" else None  # remote workers: this host's load says nothing
 
     def hand_over_workers(self) -> None:
         """The caller called ``resize()``: the worker count and placement are theirs from now on; threads stay tuned."""
@@ -93,11 +96,13 @@ class ControlLoop:
         workers = [*stats.workers.values(), stats.retired]
         pool = self.venv._pool
         threaded = self.venv.env_threads > 1 and pool is not None and pool.kind == "process"
+        pids = [w.pid for w in stats.workers.values() if w.pid]
         return _Sample(
             time.perf_counter(), sum(w.steps for w in workers), sum(w.commands for w in workers), sum(w.cpu_s for w in workers),
             sum(w.wall_s for w in workers), sum(w.runq_s for w in workers), time.process_time() - (pool.poll_s if pool else 0.0),
             self.venv._busy_time(), pool.moves if pool else 0,
-            _task_runq([w.pid for w in stats.workers.values() if w.pid]) if threaded else None,
+            self._host.sample(pids) if self._host is not None else LoadSample(0.0, 0.0, 0.0, {}, False),
+            _task_runq(pids) if threaded else None,
         )
 
     def _pace(self) -> float:
@@ -143,7 +148,7 @@ class ControlLoop:
             cpus=self._cpus, settling=settling, live_workers=venv.num_workers,
             threads=threads, placement=placement, lockstep=lockstep, largest_shard=shard,
             fixed_workers=self.fixed_workers, fixed_threads=self.fixed_threads, inline_ok=self.inline_ok,
-            fixed_placement=self.fixed_placement, pace_s=self._pace(),
+            fixed_placement=self.fixed_placement, pace_s=self._pace(), foreign_cpus=HostLoad.foreign_cpus(a.load, b.load),
         )
 
     async def apply(self, m: Measurement, d: Decision) -> bool:
@@ -193,7 +198,7 @@ class ControlLoop:
             self.history.append({
                 "t": cur.t - self.venv._stats.t0, "workers": m.num_workers, "steps_per_s": m.throughput,
                 "latency_p50_s": self.venv._stats.latency.percentiles((50,))["p50"], "target": d.target,
-                "reason": d.reason, "measured": d.measured, "runq_share": m.runq_share,
+                "reason": d.reason, "measured": d.measured, "runq_share": m.runq_share, "foreign_cpus": m.foreign_cpus,
                 "threads": m.threads, "placement": m.placement, "lockstep": m.lockstep,
                 "config": "inline" if m.placement == "inline" else f"{m.num_workers}p x {m.threads}t",
                 "target_threads": threads, "target_placement": placement,

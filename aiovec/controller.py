@@ -48,6 +48,7 @@ class Measurement:
     inline_ok: bool = False  # the in-process rungs may be used (no step_timeout, process backend, placement not "process")
     fixed_placement: bool = False  # the user chose the placement: configurations keep the current one
     pace_s: float = 0.0  # this host's interpreter pace during the interval (autoconf.python_pace); 0: unknown
+    foreign_cpus: float = 0.0  # CPUs of this process's cores that other processes kept busy (hostload); 0: none or unknown
 
     @property
     def throughput(self) -> float:

@@ -53,6 +53,7 @@ class _Record:
     """Measured steps/s of one configuration in the current env regime."""
 
     samples: deque = field(default_factory=lambda: deque(maxlen=6))
+    loaded: deque = field(default_factory=lambda: deque(maxlen=6))  # per sample: other processes held the CPUs
     seen: int = 0  # interval of the last sample
     losses: int = 0  # times it measured worse than the configuration it replaced
     banned_until: int = 0  # not proposed again before this interval
@@ -60,6 +61,27 @@ class _Record:
     @property
     def median(self) -> float:
         return statistics.median(self.samples) if self.samples else 0.0
+
+    @property
+    def only_loaded(self) -> bool:
+        """Whether every sample was measured while other processes kept the CPUs busy (see :data:`FOREIGN_LOAD`)."""
+        return bool(self.loaded) and all(self.loaded)
+
+    def add(self, x: float, loaded: bool, i: int) -> None:
+        self.samples.append(x)
+        self.loaded.append(loaded)
+        self.seen = i
+
+    def pop(self) -> None:
+        self.samples.pop()
+        self.loaded.pop()
+
+    def restart(self, x: float, loaded: bool) -> None:
+        """Only ``x`` from now on (a loser's median: its earlier, better samples no longer speak for it)."""
+        self.samples.clear()
+        self.loaded.clear()
+        self.samples.append(x)
+        self.loaded.append(loaded)
 
 
 def config_of(m: Measurement) -> Config:
@@ -166,7 +188,10 @@ class MeasuredController:
         self._here: Config | None = None  # configuration of the last measured interval
         self._visit: list[float] = []  # steps/s since arriving at it
         self._drop_first = True  # the first interval: workers and caches warm up, the host settles after start-up
-        self._base: tuple[Config, float, float] | None = None  # what the last move left: its median and best steps/s
+        # What the last move left: its median and best steps/s, and whether other processes loaded the host then.
+        self._base: tuple[Config, float, float, bool] | None = None
+        self._visit_loaded: list[bool] = []  # per interval of the visit: measured on a loaded host (FOREIGN_LOAD)
+        self._recheck: Config | None = None  # to measure again: its record against this one was made on a loaded host
         self._jumps = 0
         self._probes_left = probes
         self._process_probes_left = process_probes
@@ -208,11 +233,14 @@ class MeasuredController:
             self._slow_moves = self._settled_in > 2
             return self._hold(cur, f"warming up {cur.label}: {x:,.0f} steps/s not counted")
         regime = self._track(cur, costs)
+        loaded = m.foreign_cpus >= FOREIGN_LOAD
         self._visit.append(x)
+        self._visit_loaded.append(loaded)
         rec = self.records.setdefault(cur, _Record())
         if not self._provisional:  # an interval that may blend two costs is neither's record
-            rec.samples.append(x)
-            rec.seen = self._i
+            rec.add(x, loaded, self._i)
+        if not loaded:
+            self._forget_loaded(cur)
         if len(self._visit) < self.confirm and not self._decide_now:
             return self._hold(cur, f"{regime}measuring {cur.label}: {x:,.0f} steps/s ({len(self._visit)}/{self.confirm})")
         if not self._decide_now and self._disagree():
@@ -221,8 +249,9 @@ class MeasuredController:
         self._decide_now = False
         here = statistics.median(self._visit[-6:])
         if self._base is not None:
-            base, before, before_best = self._base
+            base, before, before_best, base_loaded = self._base
             self._base = None
+            here_loaded = any(self._visit_loaded[-6:])
             # A change to more processes or threads must pay for itself, by more than its intervals scatter (a 3%
             # gain inside 10% of noise is noise); one to fewer must only not cost, judged on each visit's best
             # interval: the host only ever slows a run, so a dip in the visit it left must not keep it, nor a dip
@@ -232,7 +261,7 @@ class MeasuredController:
                 if before * (1 + self.prefer) <= here < bar and len(self._visit) < self.confirm + EXTRA_SAMPLES:
                     # A gain, but inside the scatter: undecided, not worse. One more interval, and the median of
                     # three (one bad interval no longer counts) against their scatter decides.
-                    self._base = (base, before, before_best)
+                    self._base = (base, before, before_best, base_loaded)
                     return self._hold(cur, f"{regime}measuring {cur.label} again: {here:,.0f} steps/s, +{here / before - 1:.0%} "
                                            f"on {base.label} within its intervals' scatter")
                 worse = here < bar
@@ -251,19 +280,23 @@ class MeasuredController:
                     # first one: 64 waiting envs kept 5p x 13t on 8,377 then ran at 7,600-7,900 steps/s, where 8p x 8t
                     # had measured 8,350). One more interval; then the median of three decides.
                     if len(self._visit) < self.confirm + EXTRA_SAMPLES:
-                        self._base = (base, before, before_best)
+                        self._base = (base, before, before_best, base_loaded)
                         return self._hold(cur, f"{regime}measuring {cur.label} again: best {best:,.0f} steps/s keeps it, "
                                                f"median {here:,.0f} does not ({base.label} {before:,.0f})")
                     worse = True
                     why = f"{cur.label} measured {here:,.0f} steps/s, {base.label} {before:,.0f} before it"
             if worse and base in self._allowed(m):
-                rec.losses += 1
-                rec.banned_until = self._i + self.memory * 2 ** (rec.losses - 1)
-                rec.samples.clear()
-                rec.samples.append(here)
+                if here_loaded and not base_loaded:
+                    why += f"; no ban: other processes kept {max(m.foreign_cpus, FOREIGN_LOAD):.1f}+ CPUs busy during this visit"
+                else:
+                    rec.losses += 1
+                    rec.banned_until = self._i + self.memory * 2 ** (rec.losses - 1)
+                rec.restart(here, here_loaded)
                 d = self._move(cur, base, m, f"revert: {why}")
                 self._base = None  # going back is not itself on trial
                 return d
+            if base_loaded and not here_loaded:
+                self._recheck = base  # it lost to a quiet host: it has to measure again on one
         return self._choose(cur, here, costs, m, regime)
 
     def _disagree(self) -> bool:
@@ -287,7 +320,7 @@ class MeasuredController:
         old = self.costs
         moved = cur != self._here
         if moved:
-            self._here, self._visit = cur, []
+            self._here, self._visit, self._visit_loaded = cur, [], []
             rec = self.records.get(cur)
             self._prior_here = rec.median if rec is not None and rec.samples else None
         if self._provisional:
@@ -308,7 +341,7 @@ class MeasuredController:
         if self._jumps >= 2:
             rec = self.records.get(cur)
             if rec is not None and rec.samples:
-                rec.samples.pop()  # the first interval at the new cost was counted under the old one
+                rec.pop()  # the first interval at the new cost was counted under the old one
             return self._keep_and_switch(old, costs)
         if jump and _cpu_moved(old.cpu_s, costs.cpu_s, DECISIVE_CPU_JUMP):
             self._provisional = True
@@ -332,6 +365,7 @@ class MeasuredController:
         known = next((r for c, r in self._regimes if not _changed(c, costs, self.cost_change)), None)
         self.records = known if known is not None else {}
         self.costs, self._jumps, self._base, self._visit, self._prior_here = costs, 0, None, [], None
+        self._visit_loaded, self._recheck = [], None
         self._process_probes_left = 0 if known is not None else self.process_probes
         self._probes_left, self._threads_first, self._explored_processes = self.probes, known is None, known is not None
         self._cpu_up = _cpu_moved(old.cpu_s, costs.cpu_s) and costs.cpu_s > old.cpu_s
@@ -353,6 +387,12 @@ class MeasuredController:
                 return _prefixed(regime, pick)
         if self._provisional:  # the cost may be a blend of two: only instant changes until the next interval settles it
             allowed = [c for c in allowed if not _moves_envs(c, cur)]
+        again = self._recheck
+        if again is not None and m.foreign_cpus < FOREIGN_LOAD:
+            self._recheck = None
+            if again in allowed and again != cur:
+                return _prefixed(regime, self._move(cur, again, m, f"{again.label}: measured again; it lost to {cur.label} "
+                                                                    "while other processes kept the CPUs busy"))
         if self._threads_first:
             self._threads_first = False
             one = Config(cur.placement, cur.processes, 1)
@@ -437,6 +477,18 @@ class MeasuredController:
         return self._move(cur, best, m, f"{best.label}: {why}{kind} {score:,.0f} steps/s vs {here:,.0f} at {cur.label}")
 
     # -- helpers --------------------------------------------------------------------------
+    def _forget_loaded(self, cur: Config) -> None:
+        """On a quiet host, forget the records measured only on a loaded one (see :data:`FOREIGN_LOAD`): they tell what
+        that moment allowed, and would keep a configuration away until the memory's decay. Their bans stay (a loss
+        on a loaded host bans nothing, see ``decide``); the model may look at them once more."""
+        stale = [c for c, r in self.records.items() if c != cur and r.only_loaded]
+        for c in stale:
+            self.records[c].samples.clear()
+            self.records[c].loaded.clear()
+        if stale:
+            self._look_again = True
+            self._probes_left = max(self._probes_left, 1)
+
     def _may_probe(self) -> bool:
         """Whether the model may send the run to a configuration it has not measured: early in a visit (see
         :data:`PROBE_WINDOW`), or once after the memory's decay."""
@@ -509,7 +561,7 @@ class MeasuredController:
         return out
 
     def _move(self, cur: Config, to: Config, m: Measurement, why: str) -> Decision:
-        self._base = (cur, statistics.median(self._visit[-6:]), max(self._visit[-6:])) if self._visit else None
+        self._base = (cur, statistics.median(self._visit[-6:]), max(self._visit[-6:]), any(self._visit_loaded[-6:])) if self._visit else None
         self._drop_first = _moves_envs(to, cur)
         if self._drop_first:
             self._settled_in = 0
@@ -518,6 +570,15 @@ class MeasuredController:
     def _hold(self, cur: Config, why: str, measured: bool = True) -> Decision:
         return Decision(cur.processes, why, measured=measured, threads=cur.threads, placement=cur.placement)
 
+
+FOREIGN_LOAD = 0.5
+"""CPUs of this process's cores that other processes (steal included) must keep busy in an interval for it to count
+as measured on a loaded host (:class:`aiovec.hostload.HostLoad`). Such intervals still count against each other, but
+a move they decide is checked once the host is quiet: a loss measured loaded bans nothing, a configuration that
+lost while loaded to one measured quiet is measured again, and records measured only loaded are forgotten when the
+host turns quiet. A busy process beside CartPole x16 for the first 1.2 s of a run: hybrid measured 13-40k steps/s
+(alone 165-185k), a look at inline measured 141-145k once the process had ended, and 6 of 6 runs stayed inline
+(0.8x) until the memory's decay."""
 
 MAX_SCATTER = 0.15
 """The most a costlier move's intervals' scatter raises the gain it must show (see :func:`_scatter`)."""
