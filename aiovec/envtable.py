@@ -11,6 +11,8 @@ stepped without errors) costs a few numpy operations whatever the number of envs
     STEPPING --worker_restarted--> READY (a synthesised truncation: the worker died mid-step)
     STEPPING --worker_restarted--> STEPPING (its step was a reset row: sent again, to the new worker)
     IDLE/READY --worker_restarted--> flagged "restarted": the next send truncates instead of stepping
+    (same-step autoreset: STEPPING stays STEPPING, sent again; every env is flagged "cut": the new worker's
+    first row for it, a reset, is delivered as the truncation of the cut episode, see :meth:`take_cut`)
 
 The table knows nothing of workers, sockets or asyncio; the vector env calls its
 transitions from reply handlers, and :meth:`check` verifies the invariants (run after
@@ -69,7 +71,7 @@ class EnvTable:
 
     - ``in_flight`` equals the number of STEPPING envs;
     - ``num_ready`` equals the number of READY envs, and each has an arrival number already handed out;
-    - only IDLE or READY envs carry the ``restarted`` flag;
+    - only IDLE or READY envs carry the ``restarted`` flag; only IDLE, READY or STEPPING envs the ``cut`` flag;
     - every LOST env has the error that lost it;
     - an env with a pending info is READY and has exactly one (a dict or a row of one block).
     - ``settled`` (set only by a clean in-turn batch, cleared by every other transition) means every env is IDLE.
@@ -85,6 +87,7 @@ class EnvTable:
         # Flag arrays whose OR is the boundary of every env, not computed yet (see stepped_in_turn).
         self._flags: tuple[np.ndarray, np.ndarray] | None = None
         self.restarted = np.zeros(n, dtype=np.bool_)  # its worker was replaced while it was idle
+        self.cut = np.zeros(n, dtype=np.bool_)  # same-step autoreset: its next row from the new worker ends the cut episode
         self.arrival = np.zeros(n, dtype=np.int64)  # order in which READY envs finished
         self._next_arrival = 0
         self.infos: dict[int, dict] = {}  # READY env -> its non-empty info
@@ -93,6 +96,7 @@ class EnvTable:
         self.in_flight = 0
         self.num_ready = 0
         self.num_restarted = 0
+        self.num_cut = 0
         self.settled = False  # every env IDLE, as the last transition (a clean in-turn step) left them
         self.in_turn_batches = 0  # clean batches stepped in turn: which one ``settled`` refers to
         self._busy_s = 0.0  # time with at least one step in flight: the caller's demand
@@ -322,13 +326,16 @@ class EnvTable:
         return parts
 
     def begin_reset(self, ids: np.ndarray) -> None:
-        """IDLE/BROKEN -> RESETTING (checked by the caller); a reset clears the restarted flag."""
+        """IDLE/BROKEN -> RESETTING (checked by the caller); a reset clears the restarted and cut flags (it ends the
+        episode the worker's death cut, and the caller knows)."""
         self._unsettle()
         self.state[ids] = RESETTING
         cleared = int(self.restarted[ids].sum())
         if cleared:
             self.restarted[ids] = False
             self.num_restarted -= cleared
+        if self.num_cut:
+            self._uncut(ids)
         if self.debug:
             self.check()
 
@@ -351,7 +358,7 @@ class EnvTable:
         row before the step in flight."""
         return bool(self.boundary[i]) and not self.fresh[i]
 
-    def worker_restarted(self, ids: list[int], reset_rows_follow: bool = False) -> tuple[list[int], list[int]]:
+    def worker_restarted(self, ids: list[int], reset_rows_follow: bool = False, cut_rows_follow: bool = False) -> tuple[list[int], list[int]]:
         """A worker died and a new one takes over ``ids``. Returns ``(truncated, resent)``.
 
         STEPPING -> READY (``truncated``: the caller writes their truncation into the buffers),
@@ -362,6 +369,10 @@ class EnvTable:
         into a reset row, which its new worker gives as well as the old one would have, so no episode
         is cut: idle or ready, it is not flagged; stepping, it stays STEPPING (``resent``: the caller
         sends that step again, to the new worker) rather than ending a zero-length episode.
+
+        ``cut_rows_follow`` (same-step autoreset, where a row that ends an episode carries the next one's first
+        observation): the new worker resets each env at its next step, and that row is the truncation, so
+        nothing is synthesised: stepping envs are sent again (``resent``), and every env is flagged ``cut``.
         """
         self._unsettle()
         synthesized, resent = [], []
@@ -370,7 +381,15 @@ class EnvTable:
                 continue  # its own worker is gone for good: nothing restarts it
             st = self.state[i]
             ended = reset_rows_follow and self.ended(i)
-            if st == STEPPING and ended:
+            if cut_rows_follow and st in (IDLE, READY, STEPPING):
+                if st == STEPPING:
+                    resent.append(i)
+                if not self.cut[i]:
+                    self.cut[i] = True
+                    self.num_cut += 1
+            elif st == RESETTING:
+                self.state[i] = BROKEN
+            elif st == STEPPING and ended:
                 resent.append(i)
             elif st == STEPPING:
                 self.in_flight -= 1
@@ -379,8 +398,6 @@ class EnvTable:
                 self.boundary[i] = True
                 self.fresh[i] = False
                 synthesized.append(i)
-            elif st == RESETTING:
-                self.state[i] = BROKEN
             elif st in (IDLE, READY) and not self.restarted[i] and not ended:
                 self.restarted[i] = True
                 self.num_restarted += 1
@@ -402,9 +419,27 @@ class EnvTable:
             if self.restarted[i]:
                 self.restarted[i] = False
                 self.num_restarted -= 1
+            if self.cut[i]:
+                self.cut[i] = False
+                self.num_cut -= 1
             self.lost[i] = err
         if self.debug:
             self.check()
+
+    def take_cut(self, ids: np.ndarray) -> np.ndarray:
+        """Of ``ids`` (a worker's reply, before :meth:`step_done`), the envs flagged ``cut``, flags cleared: the
+        caller turns their rows (a reset by the new worker) into the truncation of the episode the death cut."""
+        mine = ids[self.cut[ids]]
+        if len(mine):
+            self.cut[mine] = False
+            self.num_cut -= len(mine)
+        return mine
+
+    def _uncut(self, ids: Any) -> None:
+        cleared = int(np.count_nonzero(self.cut[ids]))
+        if cleared:
+            self.cut[ids] = False
+            self.num_cut -= cleared
 
     def _unfresh(self, rows: Any) -> None:
         """A row arrived for ``rows``: their boundary (if any) is now the end of an episode."""
@@ -437,6 +472,9 @@ class EnvTable:
         flagged = np.flatnonzero(self.restarted)
         assert self.num_restarted == len(flagged), f"num_restarted={self.num_restarted} but {len(flagged)} flagged"
         assert np.isin(st[flagged], (IDLE, READY)).all(), "a restarted flag on an env that is neither idle nor ready"
+        cut = np.flatnonzero(self.cut)
+        assert self.num_cut == len(cut), f"num_cut={self.num_cut} but {len(cut)} flagged"
+        assert np.isin(st[cut], (IDLE, READY, STEPPING)).all(), "a cut flag on an env that is not idle, ready or stepping"
         assert all(st[i] == READY for i in self.infos), "an info is pending for an env that is not ready"
         pending = [b.ids if b.pending is None else b.ids[b.pending] for b in self.info_blocks]
         in_blocks = np.concatenate(pending) if pending else np.zeros(0, dtype=np.int64)

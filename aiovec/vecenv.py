@@ -116,6 +116,9 @@ class AsyncVecEnv:
             from a fresh reset whose seed derives from its last seed and the restart count.
             Under next-step autoreset an episode that had ended is not cut again: its reset row
             comes from the new worker (a step in flight for it is sent there again).
+            Under same-step autoreset the truncation is a same-step row: the new worker resets the
+            env, ``obs`` is the new episode's first observation and ``infos["final_obs"]`` the last
+            one delivered (a step in flight is sent again; the next step is a real one).
             A reset in flight is sent again to the new worker, with the same seeds.
         restart_backoff: seconds before the first restart; doubles for restarts within 1 s.
         recycle_steps / recycle_rss_mb: replace a worker after that many env steps, or when its
@@ -735,7 +738,7 @@ class AsyncVecEnv:
         batch, every env IDLE again (:meth:`EnvTable.stepped_in_turn`); False: a batch with errors
         or infos, accounted as a worker's reply (its envs READY or BROKEN, errors queued)."""
         table, pool = self._table, self._pool
-        if pool.kind != "inline" or table.num_restarted:  # type: ignore[union-attr]
+        if pool.kind != "inline" or table.num_restarted or table.num_cut:  # type: ignore[union-attr]
             return None
         done = pool.step_all_in_turn()  # type: ignore[union-attr]
         if done is None:
@@ -1096,6 +1099,8 @@ class AsyncVecEnv:
     def _stepped(self, ids: np.ndarray, infos: Any, errors: list | None) -> None:
         """A worker finished stepping ``ids``: into the table, then the moves and waiters it may free."""
         v = self._views
+        if self._table.num_cut:
+            infos = self._end_cut_episodes(ids, infos, errors)
         if self._table.step_done(ids, v.terminations, v.truncations, infos, errors):
             self._errors.extend(EnvError(*e) for e in errors)  # type: ignore[union-attr]
         pool = self._pool
@@ -1103,6 +1108,28 @@ class AsyncVecEnv:
             pool.try_moves()
         if self._waiters:
             self._notify()
+
+    def _end_cut_episodes(self, ids: np.ndarray, infos: Any, errors: list | None) -> Any:
+        """Same-step autoreset: the rows of envs whose worker died (flagged ``cut``), each a reset by the new worker,
+        become the truncation of the episode the death cut, as a same-step row that ends an episode is: the new
+        episode's first observation in ``obs``, the last one delivered in ``infos["final_obs"]``, no reward.
+        Returns ``infos`` as one dict (or None) per id where it had to change."""
+        cut = self._table.take_cut(ids)
+        if errors:  # a reset that raised: that env is broken, and its next reset ends the cut episode
+            cut = cut[~np.isin(cut, [e[0] for e in errors])]
+        if not len(cut):
+            return infos
+        v = self._views
+        per_id = infos.as_dicts() if isinstance(infos, P.InfoRecords) else list(infos or [None] * len(ids))
+        where = {i: k for k, i in enumerate(ids.tolist())}
+        for i in cut.tolist():
+            v.rewards[i] = 0.0
+            v.terminations[i] = False
+            v.truncations[i] = True
+            final = get_row(self._delivered, i) if self._delivered is not None else None
+            k = where[i]
+            per_id[k] = {"final_obs": final, "final_info": {}, "worker_restarted": True, **(per_id[k] or {})}
+        return per_id
 
     def _restart_state(self, i: int) -> dict:
         """State for env ``i`` on its new worker: episode over, generator derived from its last seed."""
@@ -1125,8 +1152,9 @@ class AsyncVecEnv:
         v.truncations[i] = True  # obs stays the last one delivered: do not bootstrap across it
 
     def _on_worker_restarted(self, err: WorkerCrashedError) -> None:
-        next_step = self.autoreset_mode == AutoresetMode.NEXT_STEP
-        truncated, resent = self._table.worker_restarted(list(err.env_ids), reset_rows_follow=next_step)
+        mode = self.autoreset_mode
+        truncated, resent = self._table.worker_restarted(list(err.env_ids), reset_rows_follow=mode == AutoresetMode.NEXT_STEP,
+                                                         cut_rows_follow=mode == AutoresetMode.SAME_STEP)
         for i in truncated:
             self._write_truncation(i)
         if resent:  # their step was a reset row: the new worker gives it (restart_state: needs_reset)

@@ -105,6 +105,56 @@ def test_a_worker_killed_while_it_computes_reset_rows_cuts_no_episode(run_uv, cl
     assert_clean(clean)
 
 
+def _sign_actions(obs: np.ndarray) -> np.ndarray:
+    """The action a CostEnv rewards (1.0) on a real step: the sign of the first observation."""
+    return (obs[:, 0] > 0).astype(np.int64)
+
+
+@pytest.mark.parametrize("when", ["idle", "mid-step"])
+def test_same_step_autoreset_delivers_a_cut_episode_as_a_same_step_row(run_uv, clean, when: str) -> None:
+    """Same-step autoreset: the row that ends an episode carries the next episode's first observation, the last one
+    in ``infos["final_obs"]``. A worker killed (restarts allowed), idle between steps or in the middle of one: its
+    envs' next row ends the cut episode that way (truncated, no reward, ``worker_restarted``), and the step after
+    is a real step of the new episode, never a reset row (reward 0, the action ignored) in between."""
+    wait_ms = 0.0 if when == "idle" else 400.0
+    fns = [functools.partial(gym.make, "aiovec/Sleep-v0", wait_ms=wait_ms, obs_dim=4, episode_len=100)] * 4
+
+    async def main() -> None:
+        async with aiovec.AsyncVecEnv(fns, num_workers=2, placement="process", controller=None, max_restarts=1,
+                                      restart_backoff=0.0, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP) as venv:
+            obs, _ = await asyncio.wait_for(venv.reset(seed=0), 30)
+            obs, rew, *_ = await asyncio.wait_for(venv.step(_sign_actions(obs)), 30)
+            assert (rew == 1.0).all()
+            wid, worker = min(venv._pool.workers.items())
+            dead = sorted(worker.envs)
+            pid = next(w["pid"] for w in venv.stats()["workers"] if w["worker_id"] == wid)
+            if when == "idle":
+                os.kill(pid, signal.SIGKILL)
+                await asyncio.sleep(0.5)
+                step = asyncio.ensure_future(venv.step(_sign_actions(obs)))
+            else:
+                step = asyncio.ensure_future(venv.step(_sign_actions(obs)))
+                await asyncio.sleep(0.2)  # every env sleeps in its step
+                os.kill(pid, signal.SIGKILL)
+            new, rew, term, trunc, infos = await asyncio.wait_for(step, 30)
+            cut = np.isin(np.arange(4), dead)
+            assert venv.stats()["restarts"] == 1
+            assert trunc.tolist() == cut.tolist() and not term.any(), (trunc, term)
+            assert (rew[cut] == 0.0).all() and (rew[~cut] == 1.0).all()
+            assert infos["_worker_restarted"].tolist() == cut.tolist()
+            assert infos["_final_obs"].tolist() == cut.tolist()
+            for i in dead:
+                np.testing.assert_array_equal(infos["final_obs"][i], obs[i])  # the cut episode's last observation
+                assert not np.array_equal(new[i], obs[i])  # the new episode's first
+            _, rew, term, trunc, infos = await asyncio.wait_for(venv.step(_sign_actions(new)), 30)
+            assert (rew == 1.0).all() and not (term | trunc).any(), (rew, term, trunc)  # real steps, every env
+            assert "worker_restarted" not in infos
+            venv._table.check()
+
+    run_uv(main())
+    assert_clean(clean)
+
+
 def test_a_worker_killed_during_reset_is_replaced_and_the_reset_completes(run_uv, clean) -> None:
     """With restarts left, a worker that dies during ``reset()`` costs one restart, not the reset: its envs reset
     again on the new worker, with the same seeds, and ``reset()`` returns what it would have returned."""
