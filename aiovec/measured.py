@@ -27,6 +27,10 @@ controller records the measured steps/s of the configuration that ran, and:
    configuration measures below its own earlier record (a slower host), the others' are scaled down alike,
    and a move to more resources on a record must also clear its scatter plus the current visit's.
 
+Intervals measured while other processes held half a CPU or more (``Measurement.foreign_cpus``, see
+:data:`FOREIGN_LOAD`) decide nothing for good against quiet ones: a loss measured so bans nothing, a configuration
+that lost so is measured again once the host is quiet, and records made only so are forgotten then.
+
 After the env's per-step cost changes (two intervals in a row at an unchanged configuration; one, provisionally,
 where its CPU per step moved 2x: see :data:`DECISIVE_CPU_JUMP`), the first move may only change threads (instant)
 and processes follow in later moves. Knobs the
@@ -287,7 +291,7 @@ class MeasuredController:
                     why = f"{cur.label} measured {here:,.0f} steps/s, {base.label} {before:,.0f} before it"
             if worse and base in self._allowed(m):
                 if here_loaded and not base_loaded:
-                    why += f"; no ban: other processes kept {max(m.foreign_cpus, FOREIGN_LOAD):.1f}+ CPUs busy during this visit"
+                    why += "; no ban: measured while other processes kept the CPUs busy"
                 else:
                     rec.losses += 1
                     rec.banned_until = self._i + self.memory * 2 ** (rec.losses - 1)
