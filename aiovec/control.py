@@ -85,6 +85,7 @@ class ControlLoop:
         self.inline_ok = pool is not None and "inline" in pool.backends and venv.placement_arg != "process" and not self.fixed_workers
         self._handed_over = False  # the caller resized by hand: workers and placement are theirs
         self._host = HostLoad() if venv.backend == "process" else None  # remote workers: this host's load says nothing
+        self._load_before: LoadSample | None = None  # the host's load at the start of the interval before the last
 
     def hand_over_workers(self) -> None:
         """The caller called ``resize()``: the worker count and placement are theirs from now on; threads stay tuned."""
@@ -148,8 +149,15 @@ class ControlLoop:
             cpus=self._cpus, settling=settling, live_workers=venv.num_workers,
             threads=threads, placement=placement, lockstep=lockstep, largest_shard=shard,
             fixed_workers=self.fixed_workers, fixed_threads=self.fixed_threads, inline_ok=self.inline_ok,
-            fixed_placement=self.fixed_placement, pace_s=self._pace(), foreign_cpus=HostLoad.foreign_cpus(a.load, b.load),
+            fixed_placement=self.fixed_placement, pace_s=self._pace(), foreign_cpus=self._foreign_cpus(a.load, b.load),
         )
+
+    def _foreign_cpus(self, a: LoadSample, b: LoadSample) -> float:
+        """Other processes' CPUs over this interval and the one before: ``/proc/stat`` accounts a CPU's busy time
+        lazily (a tickless kernel), so one quarter-second interval of 24 waiting envs read -0.5 and the next +0.44
+        with nothing else running; over two intervals such lags cancel, and a busy process still reads ~1."""
+        before, self._load_before = self._load_before, a
+        return HostLoad.foreign_cpus(before if before is not None and before.t < a.t else a, b)
 
     async def apply(self, m: Measurement, d: Decision) -> bool:
         """Carry out a decision; whether envs have to move (the next intervals are settling)."""
@@ -192,6 +200,7 @@ class ControlLoop:
             if pool is None:
                 return
             m = self.measure(prev, cur, settle or cur.moves != prev.moves or pool.pending_moves > 0)
+            self.venv._tune_spin(m.foreign_cpus)
             d: Decision = self.controller.decide(m)
             threads = getattr(d, "threads", None)
             placement = getattr(d, "placement", None)

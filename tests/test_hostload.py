@@ -6,6 +6,7 @@ vector env's workers does not, nor do a running vector env's own workers in its 
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -66,3 +67,36 @@ def test_the_control_history_reads_its_own_busy_workers_as_no_foreign_load(run, 
 
     readings = run(main())
     assert len(readings) >= 3 and statistics.median(readings) < FOREIGN_LOAD, readings
+
+
+def test_workers_stop_spinning_while_another_process_keeps_a_cpu_busy_and_spin_again_after(run, clean) -> None:
+    """spin="auto": a worker polls for the next command only while the workers leave this process a CPU of its own.
+    A busy process beside a hybrid vector env (this process and one worker per other CPU) takes that CPU: the
+    control loop reads it as foreign load and turns the workers' spin off, then on again once the process is gone."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("hybrid needs 2 CPUs")
+
+    async def spins(venv: aiovec.AsyncVecEnv, acts: np.ndarray, seconds: float) -> list[float]:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            await venv.step(acts)
+        return [w["spin_s"] for w in venv.stats()["workers"] if w["pid"]]
+
+    async def main() -> tuple[list[float], list[float], list[float]]:
+        async with aiovec.make("CartPole-v1", 8, placement="hybrid") as venv:
+            await venv.reset(seed=0)
+            acts = np.zeros(8, np.int64)
+            quiet = await spins(venv, acts, 1.5)
+            child = subprocess.Popen([sys.executable, "-c", BUSY])
+            try:
+                loaded = await spins(venv, acts, 2.0)
+            finally:
+                child.kill()
+                child.wait()
+            after = await spins(venv, acts, 2.0)
+            return quiet, loaded, after
+
+    quiet, loaded, after = run(main())
+    assert quiet and all(s > 0 for s in quiet), quiet
+    assert loaded and all(s == 0 for s in loaded), loaded
+    assert after and all(s > 0 for s in after), after
