@@ -255,7 +255,7 @@ class MeasuredController:
         if self._base is not None:
             base, before, before_best, base_loaded = self._base
             self._base = None
-            here_loaded = any(self._visit_loaded[-6:])
+            here_loaded = _mostly(self._visit_loaded[-6:])
             # A change to more processes or threads must pay for itself, by more than its intervals scatter (a 3%
             # gain inside 10% of noise is noise); one to fewer must only not cost, judged on each visit's best
             # interval: the host only ever slows a run, so a dip in the visit it left must not keep it, nor a dip
@@ -565,7 +565,7 @@ class MeasuredController:
         return out
 
     def _move(self, cur: Config, to: Config, m: Measurement, why: str) -> Decision:
-        self._base = (cur, statistics.median(self._visit[-6:]), max(self._visit[-6:]), any(self._visit_loaded[-6:])) if self._visit else None
+        self._base = (cur, statistics.median(self._visit[-6:]), max(self._visit[-6:]), _mostly(self._visit_loaded[-6:])) if self._visit else None
         self._drop_first = _moves_envs(to, cur)
         if self._drop_first:
             self._settled_in = 0
@@ -586,6 +586,13 @@ host turns quiet. A busy process beside CartPole x16 for the first 1.2 s of a ru
 
 MAX_SCATTER = 0.15
 """The most a costlier move's intervals' scatter raises the gain it must show (see :func:`_scatter`)."""
+
+
+def _mostly(loaded: list[bool]) -> bool:
+    """Whether most of a visit's intervals were measured on a loaded host. One is not enough: the reading runs high
+    around a move (exiting workers count as other processes), and in the controller benchmark one such interval
+    before a move sent the change of cost back to the setting it had left, to measure it again (one move more)."""
+    return 2 * sum(loaded) > len(loaded)
 
 
 def _scatter(xs: list[float]) -> float:
