@@ -430,9 +430,7 @@ class EnvTable:
         """Of ``ids`` (a worker's reply, before :meth:`step_done`), the envs flagged ``cut``, flags cleared: the
         caller turns their rows (a reset by the new worker) into the truncation of the episode the death cut."""
         mine = ids[self.cut[ids]]
-        if len(mine):
-            self.cut[mine] = False
-            self.num_cut -= len(mine)
+        self._uncut(mine)
         return mine
 
     def _uncut(self, ids: Any) -> None:

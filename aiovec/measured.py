@@ -80,10 +80,14 @@ class _Record:
         self.samples.pop()
         self.loaded.pop()
 
-    def restart(self, x: float, loaded: bool) -> None:
-        """Only ``x`` from now on (a loser's median: its earlier, better samples no longer speak for it)."""
+    def forget(self) -> None:
+        """No samples (a record made only on a loaded host); bans and losses stay."""
         self.samples.clear()
         self.loaded.clear()
+
+    def restart(self, x: float, loaded: bool) -> None:
+        """Only ``x`` from now on (a loser's median: its earlier, better samples no longer speak for it)."""
+        self.forget()
         self.samples.append(x)
         self.loaded.append(loaded)
 
@@ -487,8 +491,7 @@ class MeasuredController:
         on a loaded host bans nothing, see ``decide``); the model may look at them once more."""
         stale = [c for c, r in self.records.items() if c != cur and r.only_loaded]
         for c in stale:
-            self.records[c].samples.clear()
-            self.records[c].loaded.clear()
+            self.records[c].forget()
         if stale:
             self._look_again = True
             self._probes_left = max(self._probes_left, 1)
