@@ -639,16 +639,29 @@ def inline_fits(costs: Costs, staying: bool = False) -> bool:
     return costs.cpu_s + costs.wait_s <= limit and costs.waiting_share <= 0.5
 
 
-def plan_start(num_envs: int, cpu_s: float, wall_s: float, cpus: float, workers: int, max_threads: int = 32) -> tuple[int, int]:
+START_BAND = 0.97
+""":func:`plan_start` takes the fewest processes among the configurations the model rates within this share of its
+best: a guess, which the controller measures and corrects with threads at once and processes later. Between
+configurations of the same concurrency the model errs by more than 1% here: 64 envs waiting 5 ms, with a probe of
+60-100 us CPU a step, rated 16 processes x 4 threads within 1% of 8 x 8; 8 x 8 measured 6% faster in the static grid
+(2 of 3 benchmark runs started at 16 and moved a second later)."""
+
+
+def plan_start(num_envs: int, cpu_s: float, wall_s: float, cpus: float, workers: int, max_threads: int = 32,
+               pace_s: float = 0.0) -> tuple[int, int]:
     """Processes and threads per process to start envs of this probed cost with, ``(workers, threads)``.
 
     Envs that mostly wait: the configuration the cost model rates best (the fewest processes, then
-    threads, within 1% of the top; lock-step efficient counts only, at most a quarter of the envs or one
-    per core as processes), which the controller then measures. Other envs: ``workers`` (one per core at most) with one thread.
+    threads, within :data:`START_BAND` of the top; lock-step efficient counts only, at most a quarter of the envs or
+    one per core as processes), which the controller then measures. Other envs: ``workers`` (one per core at most)
+    with one thread. ``pace_s``: the host's interpreter pace (:func:`~aiovec.autoconf.python_pace`; 0: unknown), which
+    prices a command to a worker process as the controller prices it later (:func:`~aiovec.costmodel.command_cost`).
 
     >>> plan_start(48, 1e-3, 11e-3, 2, 2)   # 1 ms CPU + 10 ms waiting: the GIL of 2 processes would bind
     (4, 6)
     >>> plan_start(64, 20e-6, 5e-3, 2, 2)   # nearly pure waiting: threads, few processes, even shards
+    (4, 16)
+    >>> plan_start(64, 100e-6, 5.1e-3, 2, 2, pace_s=6e-6)   # a probe's CPU, a command at this VM's price
     (8, 8)
     >>> plan_start(8, 1e-3, 1e-3, 2, 2)
     (2, 1)
@@ -657,15 +670,16 @@ def plan_start(num_envs: int, cpu_s: float, wall_s: float, cpus: float, workers:
     if wall_s <= 0 or wait <= 0.5 * wall_s:
         return workers, 1
     costs = Costs(cpu_s, wait, 20e-6)
+    command = command_cost(pace_s)
     # Threads are the cheap knob for waiting envs (a process is ~40 MB and starts slowly): start with at most a
     # quarter of the envs as processes (or one per core); the controller adds more where measurement says so.
     # (A probe's CPU per step runs high, cold, which would otherwise favour processes over threads.)
     cap = max(int(cpus), num_envs // 4, 1)
     cands = [Config("process", p, t) for p in efficient_counts(num_envs, cap) for t in efficient_threads(largest_shard(num_envs, p), max_threads)]
-    rated = [(predict(c, costs, num_envs, cpus), c) for c in cands]
+    rated = [(predict(c, costs, num_envs, cpus, command=command), c) for c in cands]
     top = max(x for x, _ in rated)
     # a guess before any measurement: near the top, even shards first (see configs.uneven), then the fewest resources
-    best = min((c for x, c in rated if x >= 0.99 * top), key=lambda c: (uneven(c, num_envs), _resources(c)))
+    best = min((c for x, c in rated if x >= START_BAND * top), key=lambda c: (uneven(c, num_envs), _resources(c)))
     return best.processes, best.threads
 
 

@@ -480,7 +480,7 @@ class AsyncVecEnv:
             self.controller = MeasuredController()
             if self._env_threads_arg is None and kind == "process" and cost is not None:
                 # threads not set by the user: start where the model expects the best (corrected at run time)
-                workers, threads = plan_start(self.num_envs, cost.cpu_s, cost.wall_s, cpus, workers)
+                workers, threads = plan_start(self.num_envs, cost.cpu_s, cost.wall_s, cpus, workers, pace_s=cost.pace_s or 0.0)
                 self.env_threads = self._host_options["env_threads"] = threads
         spin = self._spin_arg
         processes = workers - 1 if kind == "hybrid" else workers  # this process steps a shard: it needs its CPU either way
