@@ -32,8 +32,8 @@ Intervals measured while other processes held half a CPU or more (``Measurement.
 that lost so is measured again once the host is quiet, and records made only so are forgotten then.
 
 After the env's per-step cost changes (two intervals in a row at an unchanged configuration; one, provisionally,
-where its CPU per step moved 2x: see :data:`DECISIVE_CPU_JUMP`), the first move may only change threads (instant)
-and processes follow in later moves. Knobs the
+where its CPU per step moved 2x: see :data:`DECISIVE_CPU_JUMP`, or where CPU-bound envs on one thread began to wait:
+see :data:`WAITS_APPEAR`), the first move may only change threads (instant) and processes follow in later moves. Knobs the
 user fixed (``Measurement.fixed_workers``/``fixed_threads``) are never turned.
 
 Pure: no clock, no I/O. Feed it :class:`~aiovec.controller.Measurement` objects.
@@ -147,6 +147,19 @@ and the two-interval rule waited for the next. Where a command lasts long (8 env
 step, which the rule for waiting (two intervals) still guards."""
 
 
+WAITS_APPEAR = 0.2
+"""Where envs computed on one thread per process (waiting under 10% of a step) and one interval's step waits this
+share of its time or more (and 100 us), the envs began to wait: a provisional change of cost, and the next move gives
+each process threads for its whole shard at once (an instant change; the next interval settles the cost). The change
+of cost (24 envs waiting 3 ms, computing 1 ms, waiting again) ran the interval after the waits came back at 2 x 1
+thread, ~620 steps/s against ~5,900 at 2 x 12 (3% of the run): the interval in which they came back blended the two
+costs (CPU 0.98 -> 0.87 ms, waiting 0 -> 0.31 ms per step), which neither rule for a change of cost took as one.
+On one thread, waiting is clean: a step's wall time less its CPU and its time runnable in the run queue; only steal
+time on a busy host also reads as it, so a loaded interval (:data:`FOREIGN_LOAD`) is not taken as a change. Keeping
+the threads through the CPU phase instead was measured dearer: 24 envs of 1 ms CPU on 2 x 12 ran 0.94x 2 x 1 (0.89x
+at 0.3 ms)."""
+
+
 class MeasuredController:
     """Processes, threads per process and the in-process rungs (inline, hybrid), chosen by measured throughput (see
     module doc).
@@ -205,6 +218,7 @@ class MeasuredController:
         self._process_probes_left = process_probes
         self._threads_first = False
         self._cpu_up = False  # the last change of cost raised the CPU per step (x2 and more)
+        self._waits_began = False  # the last change of cost: CPU-bound envs on one thread began to wait (WAITS_APPEAR)
         self._explored_processes = False
         self._prior_here: float | None = None  # what the current configuration measured before this visit
         self._regimes: list[tuple[Costs, dict[Config, _Record]]] = []  # what earlier env costs measured
@@ -240,8 +254,8 @@ class MeasuredController:
             self._drop_first = False
             self._slow_moves = self._settled_in > 2
             return self._hold(cur, f"warming up {cur.label}: {x:,.0f} steps/s not counted")
-        regime = self._track(cur, costs)
         loaded = m.foreign_cpus >= FOREIGN_LOAD
+        regime = self._track(cur, costs, loaded)
         self._visit.append(x)
         self._visit_loaded.append(loaded)
         rec = self.records.setdefault(cur, _Record())
@@ -314,14 +328,15 @@ class MeasuredController:
         v = self._visit
         return len(v) < self.confirm + EXTRA_SAMPLES and min(v) > 0 and max(v) / min(v) > 1 + self.spread
 
-    def _track(self, cur: Config, costs: Costs) -> str:
+    def _track(self, cur: Config, costs: Costs, loaded: bool = False) -> str:
         """Follow the env's cost at an unchanged configuration; a jump held two intervals is a new regime.
 
         Two intervals agreeing on the new cost decide at once (the second is all new cost). One interval decides
         where the env's CPU per step moved by :data:`DECISIVE_CPU_JUMP` or more (a busy host stretches a step's wall
         time, not its CPU time), provisionally: that interval may be a blend of the two costs, so until the next
         one settles the cost only instant changes (threads) are made, and a next interval whose CPU per step
-        moved again re-keys the regime (see :meth:`_switch`). What each earlier cost measured is kept: an env that returns to a
+        moved again re-keys the regime (see :meth:`_switch`); so does one in which CPU-bound envs on one thread began
+        to wait (see :data:`WAITS_APPEAR`; not on a ``loaded`` host). What each earlier cost measured is kept: an env that returns to a
         cost it had resumes that cost's measurements and bans (no re-exploring what is known); a new cost starts
         afresh, threads first.
         """
@@ -351,8 +366,9 @@ class MeasuredController:
             if rec is not None and rec.samples:
                 rec.pop()  # the first interval at the new cost was counted under the old one
             return self._keep_and_switch(old, costs)
-        if jump and _cpu_moved(old.cpu_s, costs.cpu_s, DECISIVE_CPU_JUMP):
-            self._provisional = True
+        began = _waits_appeared(cur, old, costs)
+        if (jump and _cpu_moved(old.cpu_s, costs.cpu_s, DECISIVE_CPU_JUMP)) or (began and not loaded):
+            self._provisional, self._waits_began = True, began
             return self._keep_and_switch(old, costs)
         if not self._jumps:
             self.costs = Costs(*(0.5 * a + 0.5 * b for a, b in zip((old.cpu_s, old.wait_s, old.main_s),
@@ -395,6 +411,13 @@ class MeasuredController:
                 return _prefixed(regime, pick)
         if self._provisional:  # the cost may be a blend of two: only instant changes until the next interval settles it
             allowed = [c for c in allowed if not _moves_envs(c, cur)]
+        if self._waits_began:
+            self._waits_began = False
+            cover = max((c for c in allowed if c.placement == "process" and c.processes == cur.processes),
+                        key=lambda c: c.threads, default=cur)
+            if cover.threads > cur.threads:
+                return _prefixed(regime, self._move(cur, cover, m, f"{cover.label}: the envs began to wait; threads for "
+                                                                      "the whole shard at once"))
         again = self._recheck
         if again is not None and m.foreign_cpus < FOREIGN_LOAD:
             self._recheck = None
@@ -734,6 +757,12 @@ def _prefixed(regime: str, d: Decision) -> Decision:
 def _cpu_moved(a: float, b: float, factor: float = 2.0) -> bool:
     """A change of per-step CPU that no change of configuration explains (thread hand-overs, contention): x2 and 100 us."""
     return abs(a - b) > 100e-6 and max(a, b) > factor * max(min(a, b), 1e-9)
+
+
+def _waits_appeared(cur: Config, old: Costs, new: Costs) -> bool:
+    """Whether envs that computed on one thread per process began to wait (see :data:`WAITS_APPEAR`)."""
+    return (cur.placement == "process" and cur.threads == 1 and old.waiting_share < 0.1
+            and new.waiting_share >= WAITS_APPEAR and new.wait_s >= 100e-6)
 
 
 def _changed(a: Costs, b: Costs, factor: float) -> bool:

@@ -361,7 +361,8 @@ def test_a_change_of_cpu_per_step_by_twice_decides_in_one_interval_one_of_waitin
     """24 envs computing 1 ms a step start waiting 3 ms: their CPU per step falls ~30x (in the interval the change
     falls in, a blend, 2.5x), which a busy host cannot do (it stretches wall time, not CPU time), so the first
     interval that shows it decides, and threads come at once. The demo's change of cost lost a whole interval at ~1,000 steps/s, where threads ran at ~6,000, waiting
-    for a second. A change of waiting alone (wall time) still needs two intervals to agree."""
+    for a second. A change of waiting alone (wall time) on a busy host (steal time reads as waiting) still needs two
+    intervals to agree."""
     ctrl = MeasuredController()
     c = follow(ctrl, Config("process", 2, 1), 15, n=24, t_cpu=1e-3, t_wait=0.0)[-1]
     d = ctrl.decide(interval(c, n=24, t_cpu=30e-6, t_wait=3e-3))
@@ -374,9 +375,47 @@ def test_a_change_of_cpu_per_step_by_twice_decides_in_one_interval_one_of_waitin
 
     ctrl = MeasuredController()
     c = follow(ctrl, Config("process", 2, 1), 15, n=24, t_cpu=1e-3, t_wait=0.0)[-1]
-    reasons = [ctrl.decide(interval(c, n=24, t_cpu=1e-3, t_wait=3e-3, rate=predict(c, Costs(1e-3, 3e-3, 20e-6), 24, 2))).reason
+    reasons = [ctrl.decide(interval(c, n=24, t_cpu=1e-3, t_wait=3e-3, rate=predict(c, Costs(1e-3, 3e-3, 20e-6), 24, 2),
+                                    foreign_cpus=1.0)).reason
                for _ in range(2)]
     assert "cost changed" not in reasons[0] and "cost changed" in reasons[1], reasons
+
+
+def test_computing_envs_on_one_thread_that_begin_to_wait_get_threads_for_their_shard_in_one_interval() -> None:
+    """24 envs computing 1 ms a step on 2 processes of one thread begin to wait 3 ms again: the interval the change
+    falls in blends the costs (CPU 0.87 ms, waiting 0.31 ms a step in the change-of-cost benchmark), which moved
+    neither rule for a change, and the next ran at one thread (~620 steps/s where 2 x 12 ran ~5,900). On one thread
+    waiting is a clean reading, so the blend decides, provisionally: threads for the whole shard, no envs moved; the
+    next interval settles the cost at the waiting regime seen before, whose records resume. A quiet CPU-bound interval
+    changes nothing, a loaded one does not decide, and envs that already waited a little keep the two-interval rule."""
+    def computing_then_waiting() -> tuple[MeasuredController, Config]:
+        ctrl = MeasuredController()
+        c = follow(ctrl, Config("process", 2, 1), 12, n=24, t_cpu=30e-6, t_wait=3e-3)[-1]
+        assert c.threads > 1, c
+        c = follow(ctrl, c, 12, n=24, t_cpu=1e-3, t_wait=0.0)[-1]
+        assert c == Config("process", 2, 1), c
+        return ctrl, c
+
+    ctrl, c = computing_then_waiting()
+    assert "cost" not in ctrl.decide(interval(c, n=24, t_cpu=1e-3, t_wait=0.0)).reason
+    d = ctrl.decide(interval(c, n=24, t_cpu=0.87e-3, t_wait=0.31e-3))
+    assert "cost changed" in d.reason and "began to wait" in d.reason, d.reason
+    assert (d.target, d.threads, d.placement) == (2, 12, "process"), d
+    d = ctrl.decide(interval(Config("process", 2, 12), n=24, t_cpu=30e-6, t_wait=3e-3))
+    assert "cost settled" in d.reason and "seen before" in d.reason, d.reason
+
+    ctrl, c = computing_then_waiting()  # a blend whose CPU per step also halved: the rule for CPU decides, same move
+    d = ctrl.decide(interval(c, n=24, t_cpu=0.44e-3, t_wait=1.79e-3))
+    assert "began to wait" in d.reason and (d.target, d.threads) == (2, 12), d.reason
+
+    ctrl, c = computing_then_waiting()
+    d = ctrl.decide(interval(c, n=24, t_cpu=0.87e-3, t_wait=0.31e-3, foreign_cpus=1.0))
+    assert "cost changed" not in d.reason and (d.threads or 1) == 1, d.reason
+
+    ctrl = MeasuredController()
+    c = follow(ctrl, Config("process", 2, 1), 12, n=24, t_cpu=1e-3, t_wait=0.12e-3)[-1]
+    d = ctrl.decide(interval(c, n=24, t_cpu=1e-3, t_wait=0.5e-3))
+    assert "cost changed" not in d.reason, d.reason
 
 
 def test_a_change_decided_on_one_interval_moves_no_envs_until_the_next_settles_the_cost() -> None:
