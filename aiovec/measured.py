@@ -33,7 +33,9 @@ that lost so is measured again once the host is quiet, and records made only so 
 
 After the env's per-step cost changes (two intervals in a row at an unchanged configuration; one, provisionally,
 where its CPU per step moved 2x: see :data:`DECISIVE_CPU_JUMP`, or where CPU-bound envs on one thread began to wait:
-see :data:`WAITS_APPEAR`), the first move may only change threads (instant) and processes follow in later moves. Knobs the
+see :data:`WAITS_APPEAR`), the first move may only change threads (instant) and processes follow in later moves; the
+interval that settles such a change is not counted where threads changed on it (commands sent before the change and
+the new threads' start weigh on it). Knobs the
 user fixed (``Measurement.fixed_workers``/``fixed_threads``) are never turned.
 
 Pure: no clock, no I/O. Feed it :class:`~aiovec.controller.Measurement` objects.
@@ -224,6 +226,7 @@ class MeasuredController:
         self._regimes: list[tuple[Costs, dict[Config, _Record]]] = []  # what earlier env costs measured
         self._decide_now = False
         self._provisional = False  # the last change of cost was decided on one interval, and the next may correct it
+        self._warm_again = False  # the interval that settled a provisional change followed an instant change: not counted
         self._before_change: Costs | None = None  # the cost before the last change
         self._settled_in = 0  # skipped intervals since the last process move: how long envs took to move
         self._slow_moves = False  # the last process move took more than two intervals (long episodes)
@@ -256,6 +259,9 @@ class MeasuredController:
             return self._hold(cur, f"warming up {cur.label}: {x:,.0f} steps/s not counted")
         loaded = m.foreign_cpus >= FOREIGN_LOAD
         regime = self._track(cur, costs, loaded)
+        if self._warm_again:
+            self._warm_again = False
+            return self._hold(cur, f"{regime}warming up {cur.label} at the settled cost: {x:,.0f} steps/s not counted")
         self._visit.append(x)
         self._visit_loaded.append(loaded)
         rec = self.records.setdefault(cur, _Record())
@@ -350,6 +356,10 @@ class MeasuredController:
             self._provisional = False
             assert old is not None and self._before_change is not None
             if _cpu_moved(old.cpu_s, costs.cpu_s):  # the deciding interval was a blend: this one is the new cost
+                # Threads changed on the blend: this interval ran commands sent before the change and started the
+                # new threads (the change of cost: 4,700-5,500 steps/s at 2 x 12, which then ran ~5,900); it sets
+                # the cost but is not counted, so the first decision at the settled cost compares a clean interval.
+                self._warm_again = moved
                 return self._switch(self._before_change, costs, settled=True)
         if moved:
             # Across configurations the inferred waiting carries the model's errors: only a jump of CPU counts.

@@ -22,7 +22,7 @@ from conftest import assert_clean
 import aiovec
 from aiovec import Decision, MeasuredController, Measurement
 from aiovec.autoconf import INLINE_ENTER_S, INLINE_LEAVE_S
-from aiovec.configs import Config, efficient_counts
+from aiovec.configs import Config, efficient_counts, largest_shard
 from aiovec.costmodel import Costs, predict
 from aiovec.measured import MOVE_GAIN, config_of, inline_fits
 
@@ -859,3 +859,31 @@ def test_first_finished_waits_are_not_moved_to_many_processes_on_the_models_word
     costs = Costs(58e-6, 1.86e-3, 17.6e-6)
     rate = {p: predict(Config("process", p, 16 // p), costs, 16, 2, lockstep=False, command=6.6e-5) for p in (2, 16)}
     assert rate[16] < rate[2] * (1 + MOVE_GAIN), rate
+
+
+def test_the_interval_that_settles_a_change_is_not_counted_where_threads_just_changed() -> None:
+    """Waits come back after a phase of computing: the blended interval gives 2 processes 12 threads; the next
+    settles the cost at the waiting regime seen before, but it ran commands sent before the change and started the
+    threads (4,700 steps/s in a benchmark round, where 2 x 12 then ran ~5,900). Counted, it lost to the waiting
+    regime's record of 3 x 8 (~6,000) by more than a move to more processes must promise, and the envs went to 3
+    processes and came back (~1.5 s). Not counted, the first decision compares a clean interval with the record."""
+    waiting, computing = Costs(60e-6, 2.8e-3, 20e-6), Costs(1e-3, 0.0, 20e-6)
+
+    def truth(c: Config, costs: Costs) -> float:
+        if costs is waiting and c.processes * c.threads >= 24:
+            return 6000.0 if c.processes == 3 else 5900.0
+        return 0.9 * predict(c, costs, 24, 2)
+
+    ctrl, c = MeasuredController(), Config("process", 3, 8)
+    for costs, steps in ((waiting, 12), (computing, 12)):
+        for _ in range(steps):
+            d = ctrl.decide(interval(c, n=24, t_cpu=costs.cpu_s, t_wait=costs.wait_s, rate=truth(c, costs)))
+            c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+    assert ctrl.records and c.threads == 1, c
+    d = ctrl.decide(interval(c, n=24, t_cpu=0.8e-3, t_wait=0.6e-3, rate=1400.0))
+    assert "began to wait" in d.reason and d.threads == largest_shard(24, c.processes), d.reason
+    c = Config(c.placement, d.target, d.threads)
+    d = ctrl.decide(interval(c, n=24, t_cpu=60e-6, t_wait=2.8e-3, rate=4700.0))
+    assert "cost settled" in d.reason and "not counted" in d.reason and (d.target, d.threads) == (c.processes, c.threads), d.reason
+    d = ctrl.decide(interval(c, n=24, t_cpu=60e-6, t_wait=2.8e-3, rate=truth(c, waiting)))
+    assert (d.target, d.threads) == (c.processes, c.threads), d.reason
