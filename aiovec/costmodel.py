@@ -61,7 +61,7 @@ this many waves, and the parent's turn for one wave (its results, the caller, th
 for all envs over the waves) lies between a wave's replies and its next commands. Without it the model ranked
 16 envs waiting 2 ms on 16 processes x 1 thread 20% above 2 x 8 (8,043 against 6,686 steps/s); measured at fixed
 settings in one run they ran 5,696 and 5,992, the parent's CPU a step 43.5 us at 16 processes and 17.6 us at 2. With
-it: 6,400 and 6,240. Every round of that held-out workload had probed more processes on the model's word, measured
+it, from the reading at 2 processes: 6,702 and 6,244 (+7%, under what a move to more processes must promise). Every round of that held-out workload had probed more processes on the model's word, measured
 no better, and come back."""
 
 
