@@ -60,9 +60,10 @@ FIRST_FINISHED_WAVES = 2
 this many waves, and the parent's turn for one wave (its results, the caller, the next actions: the parent's work
 for all envs over the waves) lies between a wave's replies and its next commands. Without it the model ranked
 16 envs waiting 2 ms on 16 processes x 1 thread 20% above 2 x 8 (8,043 against 6,686 steps/s); measured at fixed
-settings in one run they ran 5,696 and 5,992, the parent's CPU a step 43.5 us at 16 processes and 17.6 us at 2. With
-it, from the reading at 2 processes: 6,702 and 6,244 (+7%, under what a move to more processes must promise). Every round of that held-out workload had probed more processes on the model's word, measured
-no better, and come back."""
+settings in one run they ran 5,696 and 5,992, the parent's CPU a step 43.5 us at 16 processes and 17.6 us at 2.
+With it, from the reading at 2 processes: 6,702 and 6,244 (+7%, under what a move to more processes must promise).
+Every round of that held-out workload had probed more processes on the model's word, measured no better, and come
+back."""
 
 
 @dataclass(frozen=True)

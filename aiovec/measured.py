@@ -149,8 +149,12 @@ and the two-interval rule waited for the next. Where a command lasts long (8 env
 step, which the rule for waiting (two intervals) still guards."""
 
 
+CPU_BOUND_SHARE = 0.1
+"""Envs that wait less than this share of a step are CPU-bound: threads cannot overlap anything, so only one thread
+per process is a candidate."""
+
 WAITS_APPEAR = 0.2
-"""Where envs computed on one thread per process (waiting under 10% of a step) and one interval's step waits this
+"""Where envs computed on one thread per process (CPU-bound: :data:`CPU_BOUND_SHARE`) and one interval's step waits this
 share of its time or more (and 100 us), the envs began to wait: a provisional change of cost, and the next move gives
 each process threads for its whole shard at once (an instant change; the next interval settles the cost). The change
 of cost (24 envs waiting 3 ms, computing 1 ms, waiting again) ran the interval after the waits came back at 2 x 1
@@ -591,7 +595,7 @@ class MeasuredController:
             out.extend(Config.hybrid(p) for p in counts if 2 <= p <= max(2, int(m.cpus)))
         if keep not in (None, "process"):
             return out
-        cpu_bound = self.costs is not None and self.costs.waiting_share < 0.1  # threads cannot overlap anything
+        cpu_bound = self.costs is not None and self.costs.waiting_share < CPU_BOUND_SHARE
         for p in counts:
             if m.fixed_threads:
                 threads = [max(1, m.threads)]
@@ -771,7 +775,7 @@ def _cpu_moved(a: float, b: float, factor: float = 2.0) -> bool:
 
 def _waits_appeared(cur: Config, old: Costs, new: Costs) -> bool:
     """Whether envs that computed on one thread per process began to wait (see :data:`WAITS_APPEAR`)."""
-    return (cur.placement == "process" and cur.threads == 1 and old.waiting_share < 0.1
+    return (cur.placement == "process" and cur.threads == 1 and old.waiting_share < CPU_BOUND_SHARE
             and new.waiting_share >= WAITS_APPEAR and new.wait_s >= 100e-6)
 
 
