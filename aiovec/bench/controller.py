@@ -5,7 +5,8 @@ threads {1, 2, 4, 8} where envs wait, plus inline, and hybrid where a step fits 
 (``num_workers="auto"``) are measured ``repeats`` times, interleaved (every setting once per
 round, rounds in turn), so drift on a busy machine spreads over all of them. A setting's
 figure is the median of its rounds; best static is the best median. Ratios are
-adaptive / best static, per round (against that round's best) and of the medians.
+adaptive / best static, per round (against that round's best) and of the medians; the targets
+read, as the issue defines them, the ratio of medians and each adaptive run over the best median.
 
 Every run starts its own vector env, steps ``warm`` seconds uncounted (the adaptive run
 gets longer: it must converge there, within 10 control intervals) and then counts
@@ -305,18 +306,26 @@ def sweep_table(r: dict[str, Any]) -> str:
     return f"{r['title']} ({r['num_envs']} envs): " + "; ".join(cells)
 
 
+def per_run(r: dict[str, Any]) -> list[float]:
+    """Each adaptive run / the best static median: what the issue's "in each run" compares (its best static is the
+    best median). The table's per-round ratios (against each round's fastest setting) are stricter: with several
+    settings within the noise of each other, a round's fastest is the luckiest of them."""
+    return [a / r["best_static_median"] for a in r["adaptive"]["samples"]]
+
+
 def targets(results: dict[str, Any]) -> list[str]:
-    """The issue's targets, each with the measurement that decides it."""
+    """The issue's targets, each with the measurement that decides it: adaptive's median over the best static median
+    (the best of the settings' medians), each adaptive run over that same median (:func:`per_run`)."""
     out = []
     for key, r in results.items():
-        per = r["ratio_per_round"]
+        per = per_run(r)
         if r["whole_run"]:
             ok = r["ratio_of_medians"] >= 1.0
             out.append(f"{'PASS' if ok else 'FAIL'} {key}: whole-run median ratio {r['ratio_of_medians']:.2f}x >= 1.00x")
         else:
-            ok = statistics.median(per) >= 0.95 and min(per) >= 0.9
-            out.append(f"{'PASS' if ok else 'FAIL'} {key}: median {statistics.median(per):.2f}x >= 0.95x, "
-                       f"each round >= 0.90x (min {min(per):.2f}x)")
+            ok = r["ratio_of_medians"] >= 0.95 and min(per) >= 0.9
+            out.append(f"{'PASS' if ok else 'FAIL'} {key}: median of runs {r['ratio_of_medians']:.2f}x >= 0.95x the best static "
+                       f"median, each run >= 0.90x (min {min(per):.2f}x)")
         if r["max_processes"] is not None:
             procs = max(r["adaptive"]["processes"])
             ok = procs <= r["max_processes"] and min(per) >= 0.9

@@ -1,0 +1,43 @@
+"""The controller benchmark's verdicts: the issue's targets read off a run's results."""
+
+from __future__ import annotations
+
+from aiovec.bench.controller import per_run, targets
+
+
+def _result(static: dict[str, list[float]], adaptive: list[float], whole_run: bool = False) -> dict:
+    med = {k: sorted(v)[len(v) // 2] for k, v in static.items()}
+    best = max(med, key=med.__getitem__)
+    auto_med = sorted(adaptive)[len(adaptive) // 2]
+    per_round = [a / max(v[i] for v in static.values()) for i, a in enumerate(adaptive)]
+    return {"whole_run": whole_run, "best_static_median": med[best], "ratio_of_medians": auto_med / med[best],
+            "ratio_per_round": per_round, "max_processes": None,
+            "adaptive": {"samples": adaptive, "processes": [2] * len(adaptive), "converged_after_intervals": [3] * len(adaptive)}}
+
+
+def test_each_run_is_judged_against_the_best_static_median_not_the_luckiest_setting_of_its_round() -> None:
+    """Two static settings that tie within the noise: in each round one of them is lucky, and a round's fastest
+    setting is the luckier of the two. The issue's "best static" is the best median, and "each run" is an adaptive
+    run over it: 0.97x of the best median passes though two rounds read 0.91x against their round's fastest."""
+    r = _result({"2p x 8t": [6400, 5600, 6000], "4p x 4t": [5600, 6400, 6000]}, [5820, 5820, 5880])
+    assert [round(x, 2) for x in per_run(r)] == [0.97, 0.97, 0.98]
+    assert [round(x, 2) for x in r["ratio_per_round"]] == [0.91, 0.91, 0.98]
+    verdicts = targets({"ffwait16": r})
+    assert verdicts[0].startswith("PASS ffwait16: median of runs 0.97x"), verdicts
+
+
+def test_a_run_below_nine_tenths_of_the_best_static_median_fails_though_the_median_passes() -> None:
+    r = _result({"2p x 1t": [2000, 2000, 2000], "8p x 1t": [1700, 1700, 1700]}, [1990, 1950, 1750])
+    verdicts = targets({"cpu": r})
+    assert verdicts[0].startswith("FAIL cpu:") and "min 0.88x" in verdicts[0], verdicts
+
+
+def test_a_changing_cost_is_judged_on_the_whole_run_ratio_of_medians() -> None:
+    r = _result({"24p x 1t": [4600, 4400, 4100]}, [4700, 4500, 4300], whole_run=True)
+    r["adaptive"]["readapt_intervals"] = [[5, 2], [4, 2], [5, 3]]
+    verdicts = targets({"change": r})
+    assert verdicts[0] == "PASS change: whole-run median ratio 1.02x >= 1.00x", verdicts
+    assert verdicts[1].startswith("PASS change: re-adapts within 6"), verdicts
+    r["adaptive"]["samples"] = [4300, 4350, 4200]
+    r["ratio_of_medians"] = 4300 / 4400
+    assert targets({"change": r})[0].startswith("FAIL change: whole-run median ratio 0.98x"), targets({"change": r})
