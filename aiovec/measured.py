@@ -133,7 +133,12 @@ run of ``python -m aiovec.bench controller`` (2 CPUs) 10 such probes promised +5
 their promise: 7 were no better than where they came from and were reverted, each after ~4 control intervals of
 envs in motion and as many back; 1 was still measuring when the run ended (stragglers, 4 s in: it would have
 settled after 15 intervals); 2 were kept, at +5% and +7%. Of the 5 that promised under 12%, 3 were reverted or
-unjudged, and 1 was kept (wait24, 4 -> 5 processes, +7%). Moves to fewer processes keep ``gain``: a tie there
+unjudged, and 1 was kept (wait24, 4 -> 5 processes, +7%). The promise is the model's own figure: the exploration
+bonus (``explore``, which gets an unmeasured neighbour measured where envs wait or are taken first-finished) buys
+instant looks at threads, not process moves. Counted toward this bar, it carried all 5 such probes of one later run
+(48 envs of 1 ms CPU + 10 ms waiting, 4p x 6t -> 6p x 8t in each of 3 rounds: +12.5-14.6% with it, +4-6% without;
+16 first-finished envs waiting 2 ms, 4p x 4t -> 8p x 2t on +12.4%, 2p x 8t -> 4p x 4t on +18%, +9% without), and all
+5 measured no better and came back, ~1.5 s of envs in motion each. Moves to fewer processes keep ``gain``: a tie there
 saves processes, and the model under-rates some (8 -> 2 processes for 8 CPU-bound envs: +6% predicted, +17%
 measured); so do changes of threads (instant, no envs move)."""
 
@@ -492,11 +497,12 @@ class MeasuredController:
         near = [t for t in scored if t[0] >= top * (1 - self.prefer)
                 or (not top_measured and not t[2] and t[1] >= top_raw * (1 - self.prefer) and _resources(t[3]) < _resources(top_c))]
         # Among near ties: even shards first in lock-step (see configs.uneven), then the fewest resources.
-        score, _, measured, best = min(near, key=lambda t: (lockstep and uneven(t[3], m.num_envs), _resources(t[3]), -t[0]))
+        score, raw, measured, best = min(near, key=lambda t: (lockstep and uneven(t[3], m.num_envs), _resources(t[3]), -t[0]))
         if best == cur:
             return None
         if not measured and not top_measured:
             score = max(score, top)  # the model's promise is the top's: the cheapest of what it cannot tell apart is measured
+            raw = max(raw, top_raw)
         if _gives_up_the_worker(cur, best) and measured:
             need = here * (1 + self.gain)  # giving up the second CPU must pay (see _other_rung)
         elif _resources(best) < _resources(cur) and measured:
@@ -510,6 +516,8 @@ class MeasuredController:
         else:  # a prediction must promise a gain: every move costs intervals, and one that moves envs costs episodes
             costlier = _moves_envs(best, cur) and _resources(best) > _resources(cur) and best != rung
             need = here * (1 + (self.move_gain if costlier else self.gain))
+            if costlier:
+                score = raw  # the model's own figure: the exploration bonus buys instant looks, not process moves (MOVE_GAIN)
         if score < need and not force:
             return None
         if not measured:

@@ -136,7 +136,7 @@ def test_a_costlier_move_must_gain_more_than_its_intervals_scatter() -> None:
     rate = predict(start, Costs(100e-6, 2e-3, 20e-6), 16, 2)
 
     def run(b_rates: list[float]) -> list[Decision]:
-        ctrl, c = MeasuredController(move_gain=0.05), start  # the model's promise here is below the default bar
+        ctrl, c = MeasuredController(move_gain=0.0), start  # the model's promise here is below the default bar
         for _ in range(8):  # at the start until the model proposes a costlier neighbour
             d = ctrl.decide(interval(c, rate=rate, **env))
             if d.target != c.processes:
@@ -157,14 +157,14 @@ def test_a_costlier_move_must_gain_more_than_its_intervals_scatter() -> None:
 
 def test_more_processes_on_the_models_word_must_promise_more_than_a_thread_change() -> None:
     """A probe to more processes moves envs for episodes and, in the controller benchmark, measured 0.84-1.0x of
-    what the model promised (7 of 10 reverted): the model's +5-12% does not start one, where the same promise from a
-    change of threads (instant) would."""
+    what the model promised (7 of 10 reverted): the model's +4% here (+12% with the exploration bonus of an unmeasured
+    neighbour) does not start one, where the same promise from a change of threads (instant) would; with no bar it does."""
     env = {"n": 16, "t_cpu": 100e-6, "t_wait": 2e-3}
     start = Config("process", 4, 4)
     rate = predict(start, Costs(100e-6, 2e-3, 20e-6), 16, 2)
     default = follow(MeasuredController(), start, 12, lambda c: rate, **env)
     assert all(c.processes <= start.processes for c in default), [c.label for c in default]
-    low_bar = follow(MeasuredController(move_gain=0.05), start, 12, lambda c: rate, **env)
+    low_bar = follow(MeasuredController(move_gain=0.0), start, 12, lambda c: rate, **env)
     assert any(c.processes > start.processes for c in low_bar), [c.label for c in low_bar]
 
 
@@ -257,8 +257,10 @@ def test_records_from_another_moment_are_scaled_by_the_drift_of_the_current_conf
 def test_a_host_that_slows_within_a_visit_discounts_the_older_records_too() -> None:
     """24 waiting envs held 3p x 8t at 6,800 steps/s; the host then slowed it to 6,500, and the 2p x 12t record of
     6,450 made before the visit read as a near tie: the controller moved there (and reverted), ten intervals after
-    the change of cost in the controller benchmark. Records are scaled by this visit's own drop too."""
-    ctrl, c = MeasuredController(), Config("process", 2, 12)
+    the change of cost in the controller benchmark. Records are scaled by this visit's own drop too. (The model's
+    own figure promises 3p x 8t +6% over 2p x 12t here: the bar for a move to more processes is lowered to that, so
+    that the run gets there from the start, as it did in the benchmark on a record.)"""
+    ctrl, c = MeasuredController(move_gain=0.04), Config("process", 2, 12)
     slow = False
 
     def truth(c: Config) -> float:
@@ -887,3 +889,24 @@ def test_the_interval_that_settles_a_change_is_not_counted_where_threads_just_ch
     assert "cost settled" in d.reason and "not counted" in d.reason and (d.target, d.threads) == (c.processes, c.threads), d.reason
     d = ctrl.decide(interval(c, n=24, t_cpu=60e-6, t_wait=2.8e-3, rate=truth(c, waiting)))
     assert (d.target, d.threads) == (c.processes, c.threads), d.reason
+
+
+def test_an_exploration_bonus_does_not_carry_a_move_to_more_processes() -> None:
+    """Where envs wait or are taken first-finished, an unmeasured neighbour scores the model's figure plus the
+    exploration bonus, so that it is measured. A move to more processes must promise ``move_gain`` on the model's
+    own figure: with the bonus counted, 4 processes x 6 threads of 48 envs (1 ms CPU + 10 ms waiting) moved to
+    6 x 8 on +12.5-14.6% (+4-6% without it) in every round of the benchmark, and 16 first-finished envs waiting 2 ms
+    moved 4 x 4 -> 8 x 2 on +12.4%: each measured no better and came back, ~1.5 s of envs in motion. Here the model
+    rates 8 x 2 2% above 4 x 4 (x 1.08 with the bonus), every configuration measures alike, and the bar is 6%."""
+    n, t_cpu, t_wait, main, start = 16, 70e-6, 1.96e-3, 25e-6, Config("process", 4, 4)
+    costs = Costs(t_cpu, t_wait, main)
+    rates = {p: predict(Config("process", p, 16 // p), costs, n, 2, lockstep=False, command=88e-6) for p in (4, 8)}
+    assert 1.0 < rates[8] / rates[4] < 1.06 < 1.08 * rates[8] / rates[4], rates
+    ctrl, c, seen = MeasuredController(move_gain=0.06), start, []
+    for _ in range(24):
+        m = dataclasses.replace(interval(c, n=n, t_cpu=t_cpu, t_wait=t_wait, rate=0.93 * rates[4]), lockstep=False,
+                                pace_s=8e-6, main_cpu_per_step=main)
+        d = ctrl.decide(m)
+        seen.append(d.reason)
+        c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+        assert c.processes <= start.processes, seen
