@@ -135,10 +135,10 @@ envs in motion and as many back; 1 was still measuring when the run ended (strag
 settled after 15 intervals); 2 were kept, at +5% and +7%. Of the 5 that promised under 12%, 3 were reverted or
 unjudged, and 1 was kept (wait24, 4 -> 5 processes, +7%). The promise is the model's own figure: the exploration
 bonus (``explore``, which gets an unmeasured neighbour measured where envs wait or are taken first-finished) buys
-instant looks at threads, not process moves. Counted toward this bar, it carried all 5 such probes of one later run
-(48 envs of 1 ms CPU + 10 ms waiting, 4p x 6t -> 6p x 8t in each of 3 rounds: +12.5-14.6% with it, +4-6% without;
-16 first-finished envs waiting 2 ms, 4p x 4t -> 8p x 2t on +12.4%, 2p x 8t -> 4p x 4t on +18%, +9% without), and all
-5 measured no better and came back, ~1.5 s of envs in motion each. Moves to fewer processes keep ``gain``: a tie there
+instant looks at threads, not process moves. Counted toward this bar, it carried the probes of 16 first-finished
+envs waiting 2 ms in a later run (4p x 4t -> 8p x 2t on +12.4%, +4% without it; 2p x 8t -> 4p x 4t on +18%, +9%
+without): each measured no better and came back, ~1.5 s of envs in motion, once inside the counted window.
+Moves to fewer processes keep ``gain``: a tie there
 saves processes, and the model under-rates some (8 -> 2 processes for 8 CPU-bound envs: +6% predicted, +17%
 measured); so do changes of threads (instant, no envs move)."""
 
