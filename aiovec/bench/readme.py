@@ -54,7 +54,10 @@ def controller_block(path: Path) -> str:
     head = (f"{r.get('cpus')} CPUs; {len(next(iter(res.values()))['adaptive']['samples'])} interleaved rounds per scenario, "
             "every static setting and the adaptive run once per round; medians [ranges]. Lock-step unless marked "
             "first-finished; the cost change counts its whole schedule. Intervals to settle: control intervals from start "
-            "until the configuration stops changing (a reverted probe counts as holding), per round.")
+            "until the configuration stops changing (a reverted probe counts as holding), per round. The targets, as the "
+            "issue defines them: adaptive's median over the best static median (the best of the settings' medians), and "
+            "each adaptive run over that same median; the per-round column (each round over its fastest setting, the "
+            "luckiest of several that tie) is stricter.")
     readapt = [f"{k}: {v['adaptive']['readapt_intervals']}" for k, v in res.items() if any(v["adaptive"].get("readapt_intervals") or [])]
     tail = [""] + (["Re-adaptation, control intervals after each change of cost, per round: " + "; ".join(readapt) + ".", ""]
                    if readapt else []) + ["Targets:"] + [f"- [{'x' if t.startswith('PASS') else ' '}] {t[5:]}" for t in targets(res)]
