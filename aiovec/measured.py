@@ -138,9 +138,8 @@ bonus (``explore``, which gets an unmeasured neighbour measured where envs wait 
 instant looks at threads, not process moves. Counted toward this bar, it carried the probes of 16 first-finished
 envs waiting 2 ms in a later run (4p x 4t -> 8p x 2t on +12.4%, +4% without it; 2p x 8t -> 4p x 4t on +18%, +9%
 without): each measured no better and came back, ~1.5 s of envs in motion, once inside the counted window.
-Moves to fewer processes keep ``gain``: a tie there
-saves processes, and the model under-rates some (8 -> 2 processes for 8 CPU-bound envs: +6% predicted, +17%
-measured); so do changes of threads (instant, no envs move)."""
+Moves to fewer processes keep ``gain``: a tie there saves processes, and the model under-rates some (8 -> 2
+processes for 8 CPU-bound envs: +6% predicted, +17% measured); so do changes of threads (instant, no envs move)."""
 
 
 DECISIVE_CPU_JUMP = 2.0
