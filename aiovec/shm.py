@@ -17,7 +17,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import create_shared_memory, read_from_shared_memory
 
-from .spaces import action_buffer_space, action_dtype_codes
+from .spaces import action_buffer_space, action_dtype_codes, action_dtype_shape
 
 
 @dataclass
@@ -29,7 +29,7 @@ class Views:
     rewards: np.ndarray
     terminations: np.ndarray
     truncations: np.ndarray
-    action_dtypes: np.ndarray | None = None  # per env, the caller's dtype of its action (see spaces.action_dtype_codes)
+    action_dtypes: np.ndarray | None = None  # per env (and widened leaf), the caller's dtype (spaces.action_dtype_codes)
 
 
 class _Raw:
@@ -73,7 +73,8 @@ class SharedBuffers:
         self._obs = create_shared_memory(obs_space, num_envs, raw)
         self._action_buffer_space = action_buffer_space(action_space)
         self._actions = create_shared_memory(self._action_buffer_space, num_envs, raw)
-        self._action_dtypes = raw.Array(c_uint8, num_envs) if self._action_buffer_space is not action_space else None
+        self._dtype_shape = action_dtype_shape(action_space, num_envs)
+        self._action_dtypes = raw.Array(c_uint8, int(np.prod(self._dtype_shape))) if self._dtype_shape is not None else None
         if self._action_dtypes is not None:
             action_dtype_codes(action_space, num_envs, lambda n: np.frombuffer(self._action_dtypes.get_obj(), dtype=np.uint8))
         self._rewards = raw.Array("d", num_envs)
@@ -88,5 +89,6 @@ class SharedBuffers:
             rewards=np.frombuffer(self._rewards.get_obj(), dtype=np.float64),
             terminations=np.frombuffer(self._terminations.get_obj(), dtype=np.bool_),
             truncations=np.frombuffer(self._truncations.get_obj(), dtype=np.bool_),
-            action_dtypes=None if self._action_dtypes is None else np.frombuffer(self._action_dtypes.get_obj(), dtype=np.uint8),
+            action_dtypes=(None if self._action_dtypes is None
+                           else np.frombuffer(self._action_dtypes.get_obj(), dtype=np.uint8).reshape(self._dtype_shape)),
         )

@@ -57,23 +57,94 @@ def put_row(view: Any, row: int, value: Any) -> None:
         view[row] = value
 
 
+def _narrow_float(space: spaces.Space) -> bool:
+    return isinstance(space, spaces.Box) and space.dtype.kind == "f" and space.dtype != np.float64
+
+
 def action_buffer_space(space: spaces.Space) -> spaces.Space:
-    """The space of the action buffer: a float ``Box`` narrower than float64 is carried as float64, so any float
-    action arrives exactly; each env's row is handed to the env in the dtype the caller gave it (see
-    :func:`action_dtype_codes`), as ``SyncVectorEnv`` hands over rows of the caller's array."""
-    if isinstance(space, spaces.Box) and space.dtype.kind == "f" and space.dtype != np.float64:
+    """The space of the action buffer: a float ``Box`` narrower than float64 is carried as float64 (at the top or
+    inside a Dict/Tuple), so any float action arrives exactly; each env's row is handed to the env in the dtype the
+    caller gave it (see :func:`action_dtype_codes`), as ``SyncVectorEnv`` hands over rows of the caller's arrays.
+    The space itself where nothing is widened."""
+    if _narrow_float(space):
         return spaces.Box(space.low.astype(np.float64), space.high.astype(np.float64), space.shape, np.float64)
+    if isinstance(space, spaces.Dict):
+        subs = {k: action_buffer_space(s) for k, s in space.spaces.items()}
+        return space if all(subs[k] is s for k, s in space.spaces.items()) else spaces.Dict(subs)
+    if isinstance(space, spaces.Tuple):
+        parts = [action_buffer_space(s) for s in space.spaces]
+        return space if all(a is b for a, b in zip(parts, space.spaces, strict=True)) else spaces.Tuple(parts)
     return space
 
 
-def action_dtype_codes(space: spaces.Space, n: int, fn: Callable[[int], np.ndarray] | None = None) -> np.ndarray | None:
-    """Per env, the dtype of its last action (``ord(dtype.char)``), where the buffer's dtype is not the caller's:
-    None for other spaces. Starts at the space's dtype. ``fn(n)``: where the array lives (default: a new one)."""
-    if action_buffer_space(space) is space:
+def _widened(space: spaces.Space) -> list[np.dtype]:
+    """The dtypes of the leaves :func:`action_buffer_space` widens, in the order every helper here walks them."""
+    if _narrow_float(space):
+        return [np.dtype(space.dtype)]
+    if isinstance(space, spaces.Dict):
+        return [d for s in space.spaces.values() for d in _widened(s)]
+    if isinstance(space, spaces.Tuple):
+        return [d for s in space.spaces for d in _widened(s)]
+    return []
+
+
+def action_dtype_shape(space: spaces.Space, n: int) -> tuple[int, ...] | None:
+    """Shape of the per-env dtype codes :func:`action_dtype_codes` keeps: ``(n,)`` for a widened Box, ``(n, k)``
+    for a Dict/Tuple with ``k`` widened leaves, None where nothing is widened."""
+    k = len(_widened(space))
+    if not k:
         return None
-    codes = fn(n) if fn is not None else np.empty(n, dtype=np.uint8)
-    codes[:] = ord(space.dtype.char)
+    return (n,) if isinstance(space, spaces.Box) else (n, k)
+
+
+def action_dtype_codes(space: spaces.Space, n: int, fn: Callable[[int], np.ndarray] | None = None) -> np.ndarray | None:
+    """Per env (and widened leaf, see :func:`action_dtype_shape`), the dtype of its last action (``ord(dtype.char)``),
+    where the buffer's dtype is not the caller's: None for other spaces. Starts at the space's dtypes. ``fn(size)``:
+    where the flat array lives (default: a new one)."""
+    shape = action_dtype_shape(space, n)
+    if shape is None:
+        return None
+    flat = fn(int(np.prod(shape))) if fn is not None else np.empty(int(np.prod(shape)), dtype=np.uint8)
+    codes = flat.reshape(shape)
+    codes[...] = [ord(d.char) for d in _widened(space)] if len(shape) == 2 else ord(np.dtype(space.dtype).char)
     return codes
+
+
+def leaf_dtype_codes(space: spaces.Space, values: Any) -> list[int]:
+    """The codes of the caller's dtypes of a checked Dict/Tuple batch's widened leaves (a row of
+    :func:`action_dtype_codes`)."""
+    if _narrow_float(space):
+        return [ord(values.dtype.char)]
+    if isinstance(space, spaces.Dict):
+        return [c for k, s in space.spaces.items() for c in leaf_dtype_codes(s, values[k])]
+    if isinstance(space, spaces.Tuple):
+        return [c for s, v in zip(space.spaces, values, strict=True) for c in leaf_dtype_codes(s, v)]
+    return []
+
+
+def row_reader(view: Any, space: spaces.Space, codes: np.ndarray | None) -> Callable[[int], Any]:
+    """``get(row)``: one env's Dict/Tuple action as :func:`get_row` reads it, its widened leaves in the dtypes
+    ``codes[row]`` names (see :func:`action_dtype_codes`; None: as stored)."""
+    if codes is None:
+        return lambda row: get_row(view, row)
+    by_code: dict[int, np.dtype] = {}
+
+    def dtype_of(code: int) -> np.dtype:
+        d = by_code.get(code)
+        if d is None:
+            d = by_code[code] = np.dtype(chr(code))
+        return d
+
+    def read(v: Any, s: spaces.Space, row: int, it: Any) -> Any:
+        if _narrow_float(s):
+            return v[row].astype(dtype_of(next(it)))  # a copy, as get_row's
+        if isinstance(s, spaces.Dict):
+            return {k: read(v[k], sub, row, it) for k, sub in s.spaces.items()}
+        if isinstance(s, spaces.Tuple):
+            return tuple(read(x, sub, row, it) for x, sub in zip(v, s.spaces, strict=True))
+        return get_row(v, row)
+
+    return lambda row: read(view, space, row, iter(codes[row].tolist()))
 
 
 def row_writer(view: Any) -> Callable[[int, Any], None]:

@@ -48,7 +48,7 @@ from .machine import available_cpus
 from .measured import MeasuredController
 from .pool import WorkerPool
 from .shm import SharedBuffers
-from .spaces import ActionChecker, check_supported, get_row, put_row, put_rows, take
+from .spaces import ActionChecker, check_supported, get_row, leaf_dtype_codes, put_row, put_rows, take
 from .stats import Stats
 from .threads import in_thread
 
@@ -710,6 +710,8 @@ class AsyncVecEnv:
             self._write_flat_actions(rows, acts)
         else:
             put_rows(v.actions, rows, acts)
+            if v.action_dtypes is not None:  # a Dict/Tuple with float leaves: each arrives in the caller's dtype
+                v.action_dtypes[rows] = leaf_dtype_codes(self.single_action_space, acts)
 
     def _write_flat_actions(self, rows: Any, acts: np.ndarray) -> None:
         """Checked flat actions into their rows, with their dtype where the buffer is wider than the space (the env

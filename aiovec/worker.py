@@ -28,7 +28,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from . import protocol as P
-from .spaces import get_row, row_writer
+from .spaces import row_reader, row_writer
 
 _SCHEDSTAT = "/proc/self/schedstat"
 
@@ -202,7 +202,8 @@ class EnvHost:
         # Flat spaces (one array per buffer) skip the generic row helpers on the hot path.
         flat_act = isinstance(views.actions, np.ndarray)
         self._scalar_actions = flat_act and views.actions.ndim == 1
-        self._get_action = (_flat_action(views.actions, views.action_dtypes) if flat_act else (lambda i: get_row(views.actions, i)))
+        self._get_action = (_flat_action(views.actions, views.action_dtypes) if flat_act
+                            else row_reader(views.actions, action_space, views.action_dtypes))
         self._put_obs = row_writer(views.obs)  # an env's value of another shape is its error, never broadcast
         self._flat_obs = isinstance(views.obs, np.ndarray)
         self._obs_shape = views.obs.shape[1:] if self._flat_obs else None

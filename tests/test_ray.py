@@ -70,6 +70,46 @@ def test_ray_first_finished_subsets_and_attributes(clean) -> None:
     assert_clean(clean, grace=30.0, ignore=not_a_ray_actor)
 
 
+def test_ray_steps_nested_spaces_as_sync_vector_env_does(clean) -> None:
+    """A Dict action with a float32 leaf given float64 values, a Tuple observation: the same transitions as
+    ``SyncVectorEnv`` through Ray actors (each float leaf arrives in the caller's dtype, as there)."""
+    from gymnasium import spaces
+
+    class Nested(gym.Env):  # defined here, so cloudpickle sends the class by value to the actors
+        observation_space = spaces.Tuple((spaces.Box(-np.inf, np.inf, (2,), np.float64), spaces.Discrete(9)))
+        action_space = spaces.Dict({"move": spaces.Box(-1.0, 1.0, (2,), np.float32), "pick": spaces.Discrete(3)})
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.t = 0
+            return (self.np_random.normal(size=2), 0), {}
+
+        def step(self, action):
+            self.t += 1
+            move = action["move"]
+            return ((move * 3).astype(np.float64), move.dtype.itemsize), float(action["pick"]), self.t >= 4, False, {}
+
+    n = 3
+    space = gym.vector.utils.batch_space(Nested.action_space, n)
+    space.seed(1)
+    acts = [{**a, "move": a["move"].astype(np.float64) + 1e-9} for a in (space.sample() for _ in range(10))]
+
+    async def main() -> list:
+        async with aiovec.AsyncVecEnv([Nested] * n, num_workers=2, backend="ray") as venv:
+            out = [(await asyncio.wait_for(venv.reset(seed=5), 60))[0]]
+            for a in acts:
+                out.append((await asyncio.wait_for(venv.step(a), 60))[:4])
+        return out
+
+    got = aiovec.run(main())
+    sync = gym.vector.SyncVectorEnv([Nested] * n)
+    want = [sync.reset(seed=5)[0]] + [sync.step(a)[:4] for a in acts]
+    sync.close()
+    for t, (x, y) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_equal(x, y, err_msg=f"step {t}")
+    assert_clean(clean, grace=30.0, ignore=not_a_ray_actor)
+
+
 def test_ray_actor_death_is_a_typed_error_or_a_restart(clean) -> None:
     async def main() -> None:
         async with aiovec.make("CartPole-v1", 4, num_workers=2, backend="ray", max_restarts=1, restart_backoff=0.0) as venv:
