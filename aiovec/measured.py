@@ -12,7 +12,9 @@ controller records the measured steps/s of the configuration that ran, and:
    not measure better by ``prefer`` and by its intervals' scatter (at most :data:`MAX_SCATTER`; a gain inside the
    scatter is undecided: one more interval is measured and the median of three decides): it moves
    back and remembers the loser for ``memory`` intervals, doubled at each repeated loss
-   (hysteresis), forgotten when the env's cost changes (decay: a changed env is re-explored).
+   (hysteresis), forgotten when the env's cost changes (decay: a changed env is re-explored). The revert is judged
+   in turn: where the configuration it went back to then measures far below its own earlier figure and below the
+   loser's, the loser is measured again, once (see ``_undo_revert``).
 2. **Ranks the candidates.** Lock-step aware: only process counts that shorten the critical path
    (:func:`~aiovec.configs.efficient_counts`) and thread counts that shorten a worker's rounds
    (:func:`~aiovec.configs.efficient_threads`), plus the inline rung where allowed. A candidate
@@ -92,6 +94,20 @@ class _Record:
         self.forget()
         self.samples.append(x)
         self.loaded.append(loaded)
+
+
+@dataclass(frozen=True)
+class _Reverted:
+    """A revert from ``loser`` to ``to``: the loser's visit (median, best interval, scatter), what ``to`` measured
+    before the move, and whether either visit ran on a loaded host."""
+
+    loser: Config
+    to: Config
+    median: float
+    best: float
+    scatter: float
+    before: float
+    loaded: bool
 
 
 def config_of(m: Measurement) -> Config:
@@ -221,6 +237,8 @@ class MeasuredController:
         self._drop_first = True  # the first interval: workers and caches warm up, the host settles after start-up
         # What the last move left: its median and best steps/s, and whether other processes loaded the host then.
         self._base: tuple[Config, float, float, bool] | None = None
+        self._reverted: _Reverted | None = None  # the last revert, until the configuration it went back to is measured
+        self._undone: set[Config] = set()  # losers whose revert was undone in this env regime (once each)
         self._visit_loaded: list[bool] = []  # per interval of the visit: measured on a loaded host (FOREIGN_LOAD)
         self._recheck: Config | None = None  # to measure again: its record against this one was made on a loaded host
         self._jumps = 0
@@ -284,6 +302,9 @@ class MeasuredController:
                                    f"{max(self._visit) / min(self._visit) - 1:.0%} apart")
         self._decide_now = False
         here = statistics.median(self._visit[-6:])
+        undo = self._undo_revert(cur, here, m)
+        if undo is not None:
+            return _prefixed(regime, undo)
         if self._base is not None:
             base, before, before_best, base_loaded = self._base
             self._base = None
@@ -329,11 +350,45 @@ class MeasuredController:
                     rec.banned_until = self._i + self.memory * 2 ** (rec.losses - 1)
                 rec.restart(here, here_loaded)
                 d = self._move(cur, base, m, f"revert: {why}")
-                self._base = None  # going back is not itself on trial
+                self._base = None  # going back is judged only by :meth:`_undo_revert`
+                if cur not in self._undone:
+                    self._reverted = _Reverted(cur, base, here, max(self._visit[-6:]), _scatter(self._visit[-6:]), before,
+                                               here_loaded or base_loaded)
                 return d
             if base_loaded and not here_loaded:
                 self._recheck = base  # it lost to a quiet host: it has to measure again on one
         return self._choose(cur, here, costs, m, regime)
+
+    def _undo_revert(self, cur: Config, here: float, m: Measurement) -> Decision | None:
+        """Judge a revert by what the configuration it went back to measures now: where that fell by more than
+        :data:`MAX_SCATTER` below what it measured before the move, and the loser's own figures would now pass the
+        same test that sent it away, the verdict rested on a figure no longer true; the loser's ban is lifted and
+        the run moves back to it, on trial again (once per loser and env regime: a second loss stands).
+
+        16 CartPoles went hybrid -> inline -> hybrid (inline measured 140k steps/s against hybrid's 176k), and the
+        hybrid they came back to ran at 87-105k for the rest of the run, the inline record banned (one run of
+        three in ``python -m aiovec.bench controller``); a host that slowed both would make the loser lose again."""
+        r = self._reverted
+        if r is None or cur != r.to:
+            self._reverted = None
+            return None
+        self._reverted = None
+        visit = self._visit[-6:]
+        if r.loaded or _mostly(self._visit_loaded[-6:]) or here >= r.before * (1 - MAX_SCATTER) or r.loser not in self._allowed(m):
+            return None
+        if _resources(r.loser) > _resources(cur):
+            passes = r.median >= here * (1 + max(self.prefer, min(MAX_SCATTER, r.scatter)))
+        else:
+            bar = 1 + self.gain if _gives_up_the_worker(cur, r.loser) else 1 - self.revert
+            passes = r.best >= max(visit) * bar and r.median >= here * bar
+        if not passes:
+            return None
+        self._undone.add(r.loser)
+        rec = self.records.get(r.loser)
+        if rec is not None:
+            rec.losses, rec.banned_until = max(0, rec.losses - 1), 0
+        return self._move(cur, r.loser, m, f"{r.loser.label}: undo the revert: {cur.label} measures {here:,.0f} steps/s "
+                                            f"now ({r.before:,.0f} before), {r.loser.label} measured {r.median:,.0f}")
 
     def _disagree(self) -> bool:
         """Whether this visit's intervals lie too far apart to decide on yet (a host busy for a moment, a slow
@@ -407,7 +462,7 @@ class MeasuredController:
         known = next((r for c, r in self._regimes if not _changed(c, costs, self.cost_change)), None)
         self.records = known if known is not None else {}
         self.costs, self._jumps, self._base, self._visit, self._prior_here = costs, 0, None, [], None
-        self._visit_loaded, self._recheck = [], None
+        self._visit_loaded, self._recheck, self._reverted, self._undone = [], None, None, set()
         self._process_probes_left = 0 if known is not None else self.process_probes
         self._probes_left, self._threads_first, self._explored_processes = self.probes, known is None, known is not None
         self._cpu_up = _cpu_moved(old.cpu_s, costs.cpu_s) and costs.cpu_s > old.cpu_s

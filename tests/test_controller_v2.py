@@ -560,6 +560,41 @@ def test_a_move_to_fewer_resources_is_judged_on_each_visits_best_interval() -> N
     assert gain[-4:] == ["inline"] * 4, gain
 
 
+def test_a_revert_whose_destination_then_measures_far_below_its_old_figure_is_undone_once() -> None:
+    """cheap (16 CartPoles), one run of three: hybrid measured 160-176k steps/s, inline 140k, the revert went back
+    to hybrid, which then ran at 87-105k with inline banned. A revert is judged by what it went back to: fallen
+    more than its intervals scatter and below what the loser measured, the loser is measured again (once); a loser
+    that then loses again stays banned; a destination that measures as before stays."""
+    env = {"n": 16, "t_cpu": 10e-6, "t_wait": 0.0, "inline_ok": True}
+
+    def run(hybrid_after: float, inline_rates: list[float]) -> tuple[list[str], list[str]]:
+        ctrl, c, trace, reasons = MeasuredController(), Config.hybrid(2), [], []
+        inline_visits = iter(inline_rates)
+        reverted = False
+        x_inline = next(inline_visits)
+        for _ in range(24):
+            if c.placement == "hybrid":
+                x = hybrid_after if reverted else 165000
+            else:
+                x = x_inline
+            d = ctrl.decide(interval(c, rate=x, **env))
+            nxt = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+            if c.placement == "inline" and nxt.placement == "hybrid":
+                reverted = True
+                x_inline = next(inline_visits, x_inline)
+            c = nxt
+            trace.append(c.label)
+            reasons.append(d.reason)
+        return trace, reasons
+
+    fell, why = run(95000, [140000])
+    assert fell[-4:] == ["inline"] * 4 and any("undo the revert" in r for r in why), list(zip(fell, why, strict=True))
+    both_slow, why = run(95000, [140000, 80000])
+    assert both_slow[-4:] == ["inline + 1p"] * 4 and sum("undo the revert" in r for r in why) == 1, list(zip(both_slow, why, strict=True))
+    steady, why = run(160000, [140000])
+    assert steady[-4:] == ["inline + 1p"] * 4 and not any("undo" in r for r in why), list(zip(steady, why, strict=True))
+
+
 def test_a_configuration_that_lost_on_a_loaded_host_is_measured_again_once_the_host_is_quiet() -> None:
     """CartPole x16 with a busy process beside it for the first second (1 CPU of 2 taken): hybrid measured ~40k
     steps/s, a look at inline measured 141k once the process had ended, and inline stayed for the run, where hybrid
