@@ -35,9 +35,9 @@ that lost so is measured again once the host is quiet, and records made only so 
 
 After the env's per-step cost changes (two intervals in a row at an unchanged configuration; one, provisionally,
 where its CPU per step moved 2x: see :data:`DECISIVE_CPU_JUMP`, or where CPU-bound envs on one thread began to wait:
-see :data:`WAITS_APPEAR`), the first move may only change threads (instant) and processes follow in later moves; the
-interval that settles such a change is not counted where threads changed on it (commands sent before the change and
-the new threads' start weigh on it). Knobs the
+see :data:`WAITS_APPEAR`), the first move may only change threads (instant) and processes follow in later moves (back
+at a cost it had, on that cost's records: see :data:`FOLLOW_DECISIONS`); the interval that settles such a change is not
+counted where threads changed on it (commands sent before the change and the new threads' start weigh on it). Knobs the
 user fixed (``Measurement.fixed_workers``/``fixed_threads``) are never turned.
 
 Pure: no clock, no I/O. Feed it :class:`~aiovec.controller.Measurement` objects.
@@ -169,6 +169,15 @@ and the two-interval rule waited for the next. Where a command lasts long (8 env
 step, which the rule for waiting (two intervals) still guards."""
 
 
+FOLLOW_DECISIONS = 3
+"""After the env returns to a cost it had, threads move at once (instant) and processes follow on that cost's records:
+for this many decisions a record of more processes need only beat the current configuration by ``gain``, not
+``move_gain`` plus the scatters (records from other moments, see :data:`MOVE_GAIN`; these are seconds old and of the
+same cost, and the move is judged like any other). The change of cost (24 envs waiting 3 ms, computing, waiting again)
+came back to 2p x 12t at ~5,950 steps/s where 3p x 8t had measured 6,312 in the first phase; it held (+6%, under 12%)
+until 2 x 12 had drifted to ~5,550, then moved, 11 intervals after the change, and 3 x 8 measured 6,078-6,314."""
+
+
 CPU_BOUND_SHARE = 0.1
 """Envs that wait less than this share of a step are CPU-bound: threads cannot overlap anything, so only one thread
 per process is a candidate."""
@@ -253,6 +262,8 @@ class MeasuredController:
         self._decide_now = False
         self._provisional = False  # the last change of cost was decided on one interval, and the next may correct it
         self._warm_again = False  # the interval that settled a provisional change followed an instant change: not counted
+        self._follow = 0  # decisions left in which processes follow a known cost's records at ``gain`` (FOLLOW_DECISIONS)
+        self._following = False  # this decision is one of them
         self._before_change: Costs | None = None  # the cost before the last change
         self._settled_in = 0  # skipped intervals since the last process move: how long envs took to move
         self._slow_moves = False  # the last process move took more than two intervals (long episodes)
@@ -464,6 +475,7 @@ class MeasuredController:
         self.costs, self._jumps, self._base, self._visit, self._prior_here = costs, 0, None, [], None
         self._visit_loaded, self._recheck, self._reverted, self._undone = [], None, None, set()
         self._process_probes_left = 0 if known is not None else self.process_probes
+        self._follow = FOLLOW_DECISIONS if known is not None else 0
         self._probes_left, self._threads_first, self._explored_processes = self.probes, known is None, known is not None
         self._cpu_up = _cpu_moved(old.cpu_s, costs.cpu_s) and costs.cpu_s > old.cpu_s
         self._decide_now = True
@@ -474,6 +486,9 @@ class MeasuredController:
                 f"{'; a cost seen before: its measurements resume' if known is not None else ''}); ")
 
     def _choose(self, cur: Config, here: float, costs: Costs, m: Measurement, regime: str) -> Decision:
+        self._following = self._follow > 0 and not self._provisional
+        if self._following:
+            self._follow -= 1
         model = self.costs or costs
         lockstep = m.lockstep is not False
         cal = here / max(predict(cur, model, m.num_envs, m.cpus, lockstep, command_cost(m.pace_s)), 1e-9)
@@ -567,6 +582,8 @@ class MeasuredController:
             # moved 24 waiting envs 4p x 6t -> 6p x 4t, which measured 5,433 against 5,716 and went back (8 intervals).
             more = best.placement == cur.placement == "process" and best.processes > cur.processes
             need = here * (1 + max(self.move_gain if more else self.gain, min(MAX_SCATTER, spread)))
+            if self._following:  # back at a known cost: processes follow its records (FOLLOW_DECISIONS)
+                need = here * (1 + self.gain)
         else:  # a prediction must promise a gain: every move costs intervals, and one that moves envs costs episodes
             costlier = _moves_envs(best, cur) and _resources(best) > _resources(cur) and best != rung
             need = here * (1 + (self.move_gain if costlier else self.gain))

@@ -420,6 +420,41 @@ def test_computing_envs_on_one_thread_that_begin_to_wait_get_threads_for_their_s
     assert "cost changed" not in d.reason, d.reason
 
 
+def test_back_at_a_known_cost_processes_follow_its_records_within_a_few_intervals() -> None:
+    """24 envs wait 3 ms (3p x 8t measured best), compute 1 ms (2p x 1t), then wait again: threads first (2p x 12t at
+    once), and processes follow that cost's record of 3p x 8t when it beats 2 x 12 by ``gain``, within a few
+    intervals, not only once 2 x 12 has drifted 12% below it (the change-of-cost benchmark: 11 intervals). A record
+    within ``gain`` moves nothing, and a record move that then measures no better is reverted as any other."""
+    def run(rate_2x12: float, rate_3x8: float) -> list[Config]:
+        now = {Config("process", 3, 8): rate_3x8, Config("process", 2, 12): rate_2x12}
+        ctrl = MeasuredController()
+        c = Config("process", 3, 8)
+        for _ in range(6):  # the first waiting phase: 3 x 8 measured
+            d = ctrl.decide(interval(c, n=24, t_cpu=70e-6, t_wait=2.8e-3, rate=6300.0))
+            assert (d.target, d.threads) == (3, 8), d.reason
+        c = follow(ctrl, c, 12, n=24, t_cpu=1e-3, t_wait=0.0)[-1]
+        assert c == Config("process", 2, 1), c
+        trace = []
+        for k in range(10):
+            if k == 0:
+                m = interval(c, n=24, t_cpu=0.87e-3, t_wait=0.31e-3)  # the blend the waits come back in
+            else:
+                m = interval(c, n=24, t_cpu=70e-6, t_wait=2.8e-3, rate=now.get(c))
+            d = ctrl.decide(m)
+            c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+            trace.append(c)
+        return trace
+
+    trace = run(5950.0, 6300.0)
+    labels = [c.label for c in trace]
+    assert trace[0] == Config("process", 2, 12), labels  # threads at once
+    assert Config("process", 3, 8) in trace[:4] and trace[-4:] == [Config("process", 3, 8)] * 4, labels
+    trace = run(6150.0, 6300.0)  # within gain: no process move
+    assert trace[-4:] == [Config("process", 2, 12)] * 4 and Config("process", 3, 8) not in trace, [c.label for c in trace]
+    trace = run(5950.0, 5900.0)  # the record does not hold now: back to 2 x 12
+    assert Config("process", 3, 8) in trace and trace[-3:] == [Config("process", 2, 12)] * 3, [c.label for c in trace]
+
+
 def test_a_change_decided_on_one_interval_moves_no_envs_until_the_next_settles_the_cost() -> None:
     """The interval a change falls in blends the two costs: 8 envs back from 1 ms of CPU a step to 10 us showed
     0.2 ms in it. Deciding on it alone, the controller once moved them from processes to hybrid (the best for a
