@@ -287,3 +287,39 @@ def test_a_crash_raised_by_call_is_not_raised_again_by_the_next_recv(clean) -> N
 
     asyncio.run(main())
     assert_clean(clean)
+
+
+def test_two_workers_dying_in_one_step_with_one_restart_left(clean) -> None:
+    """max_restarts=1 and both workers die in the same lock-step step: one takes the restart (its envs' episodes
+    end truncated, flagged, delivered once), the other's crash is raised once naming its envs, which then raise on
+    use; the healthy rows are neither lost nor duplicated, and stepping the survivors goes on."""
+    fns = [functools.partial(fault_env, "sigkill", 4), healthy_env, functools.partial(fault_env, "sigkill", 4), healthy_env]
+
+    async def main() -> None:
+        async with aiovec.AsyncVecEnv(fns, num_workers=2, max_restarts=1, restart_backoff=0.0) as venv:
+            await venv.reset(seed=0)
+            shards = sorted(sorted(w.envs) for w in venv._pool.workers.values())
+            assert shards == [[0, 1], [2, 3]], shards
+            for _ in range(3):
+                await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 30)
+            with pytest.raises(aiovec.WorkerCrashedError) as info:
+                await asyncio.wait_for(venv.step(np.zeros(4, dtype=np.int64)), 30)
+            lost = set(info.value.env_ids)
+            assert lost in ({0, 1}, {2, 3}), lost
+            kept = sorted({0, 1, 2, 3} - lost)
+            rows = [r for r in await asyncio.wait_for(venv.drain(), 30)]
+            got = sorted(i for r in rows for i in r.env_ids.tolist())
+            assert got == kept, (got, kept)  # the restarted worker's envs: one truncated row each, once
+            for r in rows:
+                assert r.truncations.all() and not r.terminations.any()
+                assert r.infos["worker_restarted"].all()
+            assert venv.stats()["restarts"] == 1
+            with pytest.raises(aiovec.WorkerCrashedError):
+                venv.send(np.zeros(2, dtype=np.int64), sorted(lost))
+            for _ in range(3):  # the survivors step on, first-finished
+                venv.send(np.zeros(2, dtype=np.int64), kept)
+                r = await asyncio.wait_for(venv.recv(2), 30)
+                assert sorted(r.env_ids.tolist()) == kept and not r.truncations.any()
+
+    aiovec.run(main())
+    assert_clean(clean)
