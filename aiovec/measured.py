@@ -340,7 +340,7 @@ class MeasuredController:
                 best = max(self._visit[-6:])
                 # Hybrid to inline gives up the second CPU, which hybrid gets whenever the host frees it, and doubles
                 # the loop's hold: inline must measure better, not only as well (see ``_other_rung``).
-                bar = 1 + self.gain if _gives_up_the_worker(base, cur) else 1 - self.revert
+                bar = self._fewer_bar(base, cur)
                 worse = best < before_best * bar
                 why = f"{cur.label} at best {best:,.0f} steps/s, {base.label} {before_best:,.0f} before it"
                 if not worse and here < before * bar:
@@ -370,6 +370,11 @@ class MeasuredController:
                 self._recheck = base  # it lost to a quiet host: it has to measure again on one
         return self._choose(cur, here, costs, m, regime)
 
+    def _fewer_bar(self, frm: Config, to: Config) -> float:
+        """What a move from ``frm`` to fewer resources ``to`` must measure against ``frm`` (best interval against best
+        interval): not worse by ``revert``; from hybrid to inline, better by ``gain`` (see ``_other_rung``)."""
+        return 1 + self.gain if _gives_up_the_worker(frm, to) else 1 - self.revert
+
     def _undo_revert(self, cur: Config, here: float, m: Measurement) -> Decision | None:
         """Judge a revert by what the configuration it went back to measures now: where that fell by more than
         :data:`MAX_SCATTER` below what it measured before the move, and the loser's own figures would now pass the
@@ -390,7 +395,7 @@ class MeasuredController:
         if _resources(r.loser) > _resources(cur):
             passes = r.median >= here * (1 + max(self.prefer, min(MAX_SCATTER, r.scatter)))
         else:
-            bar = 1 + self.gain if _gives_up_the_worker(cur, r.loser) else 1 - self.revert
+            bar = self._fewer_bar(cur, r.loser)
             passes = r.best >= max(visit) * bar and r.median >= here * bar
         if not passes:
             return None

@@ -8,6 +8,7 @@ rows of such views without a Python loop over envs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -127,17 +128,10 @@ def row_reader(view: Any, space: spaces.Space, codes: np.ndarray | None) -> Call
     ``codes[row]`` names (see :func:`action_dtype_codes`; None: as stored)."""
     if codes is None:
         return lambda row: get_row(view, row)
-    by_code: dict[int, np.dtype] = {}
-
-    def dtype_of(code: int) -> np.dtype:
-        d = by_code.get(code)
-        if d is None:
-            d = by_code[code] = np.dtype(chr(code))
-        return d
 
     def read(v: Any, s: spaces.Space, row: int, it: Any) -> Any:
         if _narrow_float(s):
-            return v[row].astype(dtype_of(next(it)))  # a copy, as get_row's
+            return v[row].astype(dtype_of_code(next(it)))  # a copy, as get_row's
         if isinstance(s, spaces.Dict):
             return {k: read(v[k], sub, row, it) for k, sub in s.spaces.items()}
         if isinstance(s, spaces.Tuple):
@@ -145,6 +139,12 @@ def row_reader(view: Any, space: spaces.Space, codes: np.ndarray | None) -> Call
         return get_row(v, row)
 
     return lambda row: read(view, space, row, iter(codes[row].tolist()))
+
+
+@functools.cache
+def dtype_of_code(code: int) -> np.dtype:
+    """The dtype an :func:`action_dtype_codes` entry names (``ord(dtype.char)``)."""
+    return np.dtype(chr(code))
 
 
 def row_writer(view: Any) -> Callable[[int, Any], None]:

@@ -28,7 +28,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from . import protocol as P
-from .spaces import row_reader, row_writer
+from .spaces import dtype_of_code, row_reader, row_writer
 
 _SCHEDSTAT = "/proc/self/schedstat"
 
@@ -554,14 +554,8 @@ def _flat_action(actions: np.ndarray, dtypes: np.ndarray | None = None) -> Any:
     """Row ``i`` of a flat action buffer, as the single space's sample would look; where the buffer is wider than
     the space (``dtypes``: see :func:`~aiovec.spaces.action_buffer_space`), in the dtype the caller gave it."""
     if dtypes is not None:
-        by_code: dict[int, np.dtype] = {}
-
         def in_callers_dtype(i: int) -> np.ndarray:
-            code = dtypes.item(i)
-            dtype = by_code.get(code)
-            if dtype is None:
-                dtype = by_code[code] = np.dtype(chr(code))
-            return actions[i].astype(dtype)  # a copy, as below
+            return actions[i].astype(dtype_of_code(dtypes.item(i)))  # a copy, as below
         return in_callers_dtype
     if actions.ndim == 1:
         return actions.__getitem__  # a numpy scalar: immutable, no copy needed
