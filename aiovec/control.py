@@ -164,18 +164,17 @@ class ControlLoop:
         venv, pool = self.venv, self.venv._pool
         if pool is None:
             return False
-        moved = False
         if d.placement is not None and d.placement != m.placement and not self.fixed_workers and not self.fixed_placement:
-            if d.placement == "process" and d.threads is not None and d.threads != venv.env_threads:
-                await venv.set_env_threads(d.threads)  # new workers start with it
-            await venv._resize(max(1, d.target), d.placement)
+            new = d.placement == "process" and d.threads is not None and d.threads != venv.env_threads
+            await venv._resize(max(1, d.target), d.placement, d.threads if new else None)
             return True
-        if d.threads is not None and d.threads != m.threads and m.placement == "process" and not self.fixed_threads:
-            await venv.set_env_threads(d.threads)
+        threads = d.threads if d.threads is not None and d.threads != m.threads and m.placement == "process" and not self.fixed_threads else None
         if d.target != m.num_workers and not (self.fixed_workers and d.placement is not None) and not self._handed_over:
-            await venv._resize(d.target, None)
-            moved = True
-        return moved
+            await venv._resize(d.target, None, threads)  # one change: workers still sending envs away keep their threads
+            return True
+        if threads is not None:
+            await venv.set_env_threads(threads)
+        return False
 
     def _look(self) -> None:
         """Note whether the caller is awaiting a lock-step ``step()`` or a first-finished ``recv()`` right now."""

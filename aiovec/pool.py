@@ -40,10 +40,10 @@ class _Pending(NamedTuple):
 
 
 class _Worker:
-    __slots__ = ("handle", "kind", "envs", "pending", "ready", "spin_s", "membership", "shard_step", "step_s", "recycled",
-                 "parked_steps", "_shard")
+    __slots__ = ("handle", "kind", "envs", "pending", "ready", "spin_s", "threads", "membership", "shard_step", "step_s",
+                 "recycled", "parked_steps", "_shard")
 
-    def __init__(self, handle: WorkerHandle, kind: str, spin_s: float, shard_step: bool = True) -> None:
+    def __init__(self, handle: WorkerHandle, kind: str, spin_s: float, shard_step: bool = True, threads: int = 1) -> None:
         self.handle = handle
         self.kind = kind  # "process" (or the backend's name) or "inline"
         self.shard_step = shard_step  # it understands STEP_SHARD
@@ -51,6 +51,7 @@ class _Worker:
         self.pending: deque[_Pending] = deque()
         self.ready = False
         self.spin_s = spin_s  # what it was started with or last told
+        self.threads = threads  # env threads: what it was started with or last told
         self.membership = 0  # ADD/REMOVE commands not yet answered: the worker's env set is uncertain
         self.step_s: float | None = None  # how long its step commands take in the worker (moving average)
         self.recycled = False  # replaced for being old or fat: stopped once empty, never parked
@@ -110,6 +111,11 @@ def split_envs(num_envs: int, num_workers: int) -> list[list[int]]:
     return out
 
 
+def _host_threads(backend: Backend) -> int:
+    """The env threads a backend starts its workers with (1 for backends without the option)."""
+    return max(1, int(getattr(backend, "host_options", {}).get("env_threads", 1)))
+
+
 class WorkerPool:
     """Owns the workers of one vector env and the env -> worker placement.
 
@@ -163,6 +169,7 @@ class WorkerPool:
         self._loop = asyncio.get_running_loop()
         self._timed_out: dict[int, str] = {}  # workers killed by step_timeout -> what outlived it ("step", "reset")
         self._groups: list[tuple[int, np.ndarray]] | None = None  # all envs by worker, until placement changes
+        self._share = 1  # the most envs the last plan gives one worker (what ``env_threads`` is sized for)
         self.kind = "process"  # the placement the last start/resize asked for: "process", "inline" or "hybrid"
         # Resizing: envs move one at a time, each at an episode boundary of its own.
         self.movable: Callable[[int], bool] = lambda env_id: True  # set by the vector env
@@ -187,6 +194,7 @@ class WorkerPool:
         counts = worker_kinds(kind, num_workers, self.num_envs)
         kinds = [k for k, c in counts.items() for _ in range(c)]
         shards = split_envs(self.num_envs, len(kinds))
+        self._share = max(len(s) for s in shards)
         ids = [self._spawn(k) for k in kinds]
         waits = []
         for wid, shard in zip(ids, shards, strict=True):
@@ -201,7 +209,7 @@ class WorkerPool:
         backend = self.backends[kind]
         handle = backend.start_worker(wid, functools.partial(self._on_reply, wid), functools.partial(self._on_exit, wid))
         handle.on_step_timing = functools.partial(self._on_step_timing, wid)
-        w = self.workers[wid] = _Worker(handle, kind, backend.spin_s, backend.shard_step)
+        w = self.workers[wid] = _Worker(handle, kind, backend.spin_s, backend.shard_step, _host_threads(backend))
         w.pending.append(_Pending(P.READY, time.perf_counter(), self._on_ready, None))
         ws = self.stats.worker(wid)
         ws.pid, ws.kind = getattr(handle, "pid", None), kind
@@ -212,6 +220,7 @@ class WorkerPool:
             self.workers[wid].ready = True
             ws = self.stats.worker(wid)
             ws.pid, ws.spin_s = reply.payload["pid"], reply.payload["spin_s"]
+            ws.env_threads = reply.payload.get("env_threads", ws.env_threads)
 
     def _on_tuned(self, wid: int, reply: Any, error: BaseException | None) -> None:
         if reply is not None:
@@ -451,13 +460,17 @@ class WorkerPool:
     def pending_moves(self) -> int:
         return len(self._targets) + len(self._moving)
 
-    async def resize(self, n: int, kind: str | None = None) -> None:
-        """Aim for ``n`` workers of ``kind`` (default: the current kind; "inline" means one inline worker).
+    async def resize(self, n: int, kind: str | None = None, threads: int | None = None) -> None:
+        """Aim for ``n`` workers of ``kind`` (default: the current kind; "inline" means one inline worker), with
+        ``threads`` per process worker (default: as now).
 
         New workers start now (or a parked one is taken back); envs move as they reach episode
         boundaries; process workers left without envs are parked for :data:`PARK_S` (alive, idle,
-        not counted in ``num_workers``), then stopped; inline ones are stopped at once.
+        not counted in ``num_workers``), then stopped; inline ones are stopped at once. Workers that
+        still hold envs bound elsewhere keep threads for them (:meth:`threads_for`).
         """
+        if threads is not None:
+            self._set_host_threads(threads)  # new workers start with it; the plan below retunes the others
         kind = self.kind if kind is None else kind
         self.kind = kind
         counts = worker_kinds(kind, n, self.num_envs)
@@ -499,20 +512,45 @@ class WorkerPool:
                 w.spin_s = spin_s
                 self._send(wid, P.Tune({"spin_s": spin_s}), self._on_tuned)
 
-    def set_threads(self, env_threads: int, worker_ids: Sequence[int] | None = None) -> None:
-        """Threads per worker that step a command's envs (all process workers, or ``worker_ids``).
+    @property
+    def env_threads(self) -> int:
+        """Threads per process worker at its planned share of envs (the last ``set_threads`` or ``resize``)."""
+        return _host_threads(self.backend)
 
-        Takes effect at the worker's next command; workers started from now on get it too.
-        """
+    def set_threads(self, env_threads: int) -> None:
+        """Threads per process worker that step a command's envs; each worker switches at its next command, and
+        workers started from now on get it too (see :meth:`threads_for` for workers a resize has not yet emptied)."""
+        self._set_host_threads(env_threads)
+        self._retune()
+
+    def _set_host_threads(self, env_threads: int) -> None:
         k = max(1, int(env_threads))
-        if worker_ids is None:
-            for backend in self.backends.values():
-                if backend.name != "inline":
-                    backend.host_options = {**getattr(backend, "host_options", {}), "env_threads": k}
-        for wid in self.workers if worker_ids is None else worker_ids:
-            w = self.workers.get(wid)
-            if w is not None and w.kind != "inline" and w.handle.alive:
-                self._send(wid, P.Tune({"env_threads": k}), self._on_tuned)
+        for backend in self.backends.values():
+            if backend.name != "inline":
+                backend.host_options = {**getattr(backend, "host_options", {}), "env_threads": k}
+
+    def threads_for(self, w: _Worker) -> int:
+        """The threads worker ``w`` should step with now: ``env_threads`` while it holds at most its planned share of
+        envs; while a resize has yet to move some of its envs away (they move at episode boundaries), as many more as
+        keep each env's share of a thread, up to one per env. Threads are instant to change and processes are not: a
+        move from 4p x 16t to 32p x 2t left 16 waiting envs on 2 threads in each old process until their episodes
+        ended, 800 steps/s for seconds where either setting runs 7,500. A single thread (envs that compute) stays one.
+        """
+        k, e = self.env_threads, len(w.envs)
+        if k <= 1 or e <= self._share:
+            return k
+        return min(e, -(-e * k // self._share))
+
+    def _retune(self) -> None:
+        """Send each process worker the threads :meth:`threads_for` asks for: more at once; fewer only once it is down
+        to its share (a worker that still sends envs away keeps its threads: one TUNE, not one per env that leaves)."""
+        for wid, w in self.workers.items():
+            if w.kind == "inline" or not w.handle.alive:
+                continue
+            want = self.threads_for(w)
+            if want > w.threads or (want != w.threads and len(w.envs) <= self._share):
+                w.threads = want
+                self._send(wid, P.Tune({"env_threads": want}), self._on_tuned)
 
     def _plan(self) -> None:
         active = sorted(w for w in self.workers if w not in self._retiring)
@@ -532,6 +570,8 @@ class WorkerPool:
                 overflow.append(env)
         free = [w for w in active for _ in range(quota[w] - kept[w])]
         self._targets = dict(zip(overflow, free, strict=False))
+        self._share = max(quota.values())
+        self._retune()
 
     def try_moves(self) -> None:
         """Start every planned move whose env is idle at an episode boundary."""
@@ -573,6 +613,7 @@ class WorkerPool:
         self._placement_changed(w)
         for build, handler in deferred:
             self._send(target, build([env]), handler, np.array([env]))
+        self._retune()
         self._stop_empty()
 
     def _moved_in(self, env: int, wid: int, fut: asyncio.Future) -> None:
@@ -664,7 +705,7 @@ class WorkerPool:
                 w.spin_s = settings["spin_s"] = backend.spin_s
             threads = getattr(backend, "host_options", {}).get("env_threads")
             if threads is not None:
-                settings["env_threads"] = threads
+                w.threads = settings["env_threads"] = threads
             if settings:
                 self._send(wid, P.Tune(settings), self._on_tuned)
         return len(taken)

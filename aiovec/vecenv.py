@@ -1017,15 +1017,19 @@ class AsyncVecEnv:
             self._control.hand_over_workers()
         await self._resize(n, placement)
 
-    async def _resize(self, n: int, placement: str | None) -> None:
-        """:meth:`resize` without the argument checks and without taking the knob from the controller (its own moves)."""
+    async def _resize(self, n: int, placement: str | None, env_threads: int | None = None) -> None:
+        """:meth:`resize` without the argument checks and without taking the knob from the controller (its own moves);
+        ``env_threads``: threads per process worker from now on too (one change: new workers start with them, and
+        workers that still hold envs bound elsewhere keep threads for those)."""
         pool = self._pool
         if pool is None:
             raise ClosedError("the vector env is closed")
         if placement in ("inline", "hybrid") and "inline" not in pool.backends:
             raise ConfigError("this vector env cannot step envs inline (placement='process', step_timeout or a Ray backend)")
+        if env_threads is not None:
+            self.env_threads = self._host_options["env_threads"] = env_threads
         try:
-            await pool.resize(n, placement)
+            await pool.resize(n, placement, env_threads)
         finally:
             if pool is self._pool:
                 self._tune_spin()

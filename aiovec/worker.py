@@ -713,7 +713,7 @@ def serve(autoreset_mode: str, spin_s: float = 0.0, host_options: dict | None = 
     host = EnvHost(_buffers.views(), AutoresetMode(autoreset_mode), _buffers.obs_space, _buffers.action_space, **(host_options or {}))
     encode, step_frame, step_shard = P.encode, P.step_frame, host.step_shard
     schemas: dict[tuple, int] = {}  # info schemas sent so far (see protocol.records_reply)
-    chan.send(encode(P.Reply(P.READY, (), {"pid": os.getpid(), "spin_s": spin_s}, None, P.NO_TIMING)))
+    chan.send(encode(P.Reply(P.READY, (), {"pid": os.getpid(), "spin_s": spin_s, "env_threads": host.env_threads}, None, P.NO_TIMING)))
     spin = SpinWindow(spin_s)
     clock = time.perf_counter
     while True:

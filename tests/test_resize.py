@@ -183,6 +183,7 @@ def test_a_grow_soon_after_a_shrink_takes_the_parked_worker_back(clean, monkeypa
             await venv.set_env_threads(2)  # a setting changed while they were parked
             await venv.resize(3)
             await _step_until_settled(venv, rng, outs)
+            await _step_n(venv, rng, outs, 1)  # the worker that sent its envs away confirms its share's threads
             assert _worker_pids(venv) == three, "the parked processes came back, none started"
             seen = [w["env_threads"] for w in venv.stats()["workers"]]
             assert venv.num_workers == 3
@@ -192,6 +193,51 @@ def test_a_grow_soon_after_a_shrink_takes_the_parked_worker_back(clean, monkeypa
     assert_clean(clean)
     assert threads == [2, 2, 2]
     assert_equals_sync(outs, seed=3, action_seed=1)
+
+
+class _Script:
+    """A controller that asks for ``plan[i]`` (processes, threads) at its ``i``-th decision, then the last one."""
+
+    def __init__(self, plan: list[tuple[int, int]]) -> None:
+        self.plan, self.i = plan, 0
+
+    def decide(self, m: aiovec.Measurement) -> aiovec.Decision:
+        p, t = self.plan[min(self.i, len(self.plan) - 1)]
+        self.i += 1
+        return aiovec.Decision(p, "scripted", threads=t, placement="process")
+
+
+def test_workers_still_holding_envs_bound_elsewhere_keep_threads_for_them(clean) -> None:
+    """The controller goes from 2p x 8t to 8p x 2t (16 waiting envs): the two old processes keep 8 threads while
+    they still hold more than their share of envs (which move only at their episode's end), so those envs do not
+    step in 4 rounds of 2 threads; each drops to 2 once down to its share; the new processes step on 2 throughout."""
+
+    async def main() -> tuple[list, list]:
+        during: list = []
+        kw = {"wait_ms": 2.0, "episode_len": 30}
+        script = _Script([(2, 8)] * 3 + [(8, 2)])
+        async with aiovec.make("aiovec/Sleep-v0", 16, num_workers="auto", controller=script, env_kwargs=kw) as venv:
+            await venv.reset(seed=0)
+            acts = np.zeros(16, dtype=np.int64)
+            for _ in range(3000):
+                await venv.step(acts)
+                ws = [w for w in venv.stats()["workers"] if w["kind"] == "process"]
+                if venv.env_threads == 2 and venv.pending_moves:
+                    during.append([(w["envs"], w["env_threads"]) for w in ws])
+                if script.i > 4 and not venv.pending_moves and venv.num_workers == 8:
+                    break
+            await venv.step(acts)  # the last TUNE's reply
+            after = [(w["envs"], w["env_threads"]) for w in venv.stats()["workers"] if w["kind"] == "process"]
+        return during, after
+
+    during, after = asyncio.run(main())
+    assert_clean(clean)
+    assert during, "the move to 8 processes was seen under way"
+    for workers in during:
+        for envs, threads in workers:
+            assert threads == (8 if envs > 2 else threads), f"a worker holding {envs} envs stepped on {threads} threads: {workers}"
+    assert any(envs > 2 for workers in during for envs, _ in workers), "old workers held more than their share meanwhile"
+    assert after == [(2, 2)] * 8
 
 
 def test_parked_workers_stop_after_park_s_and_a_parked_death_costs_nothing(clean, monkeypatch) -> None:
