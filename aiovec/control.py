@@ -27,6 +27,7 @@ from .autoconf import python_pace
 from .controller import Controller, Decision, Measurement
 from .hostload import HostLoad, LoadSample
 from .machine import available_cpus
+from .measured import config_of
 
 if TYPE_CHECKING:
     from .vecenv import AsyncVecEnv
@@ -208,7 +209,7 @@ class ControlLoop:
                 "latency_p50_s": self.venv._stats.latency.percentiles((50,))["p50"], "target": d.target,
                 "reason": d.reason, "measured": d.measured, "runq_share": m.runq_share, "foreign_cpus": m.foreign_cpus,
                 "threads": m.threads, "placement": m.placement, "lockstep": m.lockstep,
-                "config": "inline" if m.placement == "inline" else f"{m.num_workers}p x {m.threads}t",
+                "config": config_of(m).label,
                 "target_threads": threads, "target_placement": placement,
             })
             self.cost_s += time.thread_time() - c0
