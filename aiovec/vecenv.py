@@ -133,7 +133,9 @@ class AsyncVecEnv:
             envs that wait with the GIL released (I/O, sleeps, C simulators), useless for
             pure-Python CPU-bound ones. ``None`` (default): 1, or with ``num_workers="auto"`` the
             controller's choice (it starts from a probe and adjusts at run time); any number,
-            1 included, fixes it.
+            1 included, fixes it. Above 1 it is sized for a worker's share of the envs: while a
+            resize still has to move some envs off a worker (at their episode's end), that worker
+            keeps threads for them, up to one per env.
         check_obs: validate every observation against the declared space in the worker and
             raise ``EnvError`` naming the env (default: on in Python's development mode,
             ``python -X dev``, or with ``AIOVEC_DEBUG=1``; off otherwise, it costs a check per step).
