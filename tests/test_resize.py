@@ -235,7 +235,8 @@ def test_workers_still_holding_envs_bound_elsewhere_keep_threads_for_them(clean)
     assert during, "the move to 8 processes was seen under way"
     for workers in during:
         for envs, threads in workers:
-            assert threads == (8 if envs > 2 else threads), f"a worker holding {envs} envs stepped on {threads} threads: {workers}"
+            if envs > 2:  # more than its share of 2: a thread for each (8 here, as before the move), not 2 for all
+                assert threads >= min(envs, 8), f"a worker holding {envs} envs stepped on {threads} threads: {workers}"
     assert any(envs > 2 for workers in during for envs, _ in workers), "old workers held more than their share meanwhile"
     assert after == [(2, 2)] * 8
 
