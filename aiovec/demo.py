@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .bench.controller import Scenario, demo_grid, measure, scenarios
+from .bench.controller import Scenario, demo_grid, ended_at, measure, scenarios
 from .configs import Config
 from .loop import run
 from .machine import available_cpus
@@ -218,7 +218,7 @@ def _one_run(chosen: list[Scenario], quick: bool, max_workers: int | None, view:
         static = {c.label: static[c.label] for c in grid}
         best = max(static, key=static.__getitem__)
         ratio = a["steps_per_s"] / static[best]
-        final = "inline" if a["placement"] == "inline" else f"{a['processes']}p x {a['threads']}t"
+        final = ended_at(a)
         ad = {"steps_per_s": a["steps_per_s"], "history": a["history"], "final": final, "controller_cpu_s": a["controller_cpu_s"],
               "warm_s": a["warm_s"], "measure_s": a["measure_s"], "schedule_start_s": a["schedule_start_s"]}
         view.scenario_done(s.key, f"done: adaptive {a['steps_per_s']:,.0f} steps/s = {ratio:.2f}x the best static "
@@ -250,10 +250,14 @@ def _table(data: dict) -> str:
         "Static sweep: the same env at fixed settings (processes x threads per process, or inline), half of them "
         "before and half after the adaptive run; best static: the fastest of them, in that run. Steps/s in lock-step "
         "(stragglers: first-finished, half the envs per recv) after a warm-up; the change of cost over its whole "
-        "schedule, static and adaptive alike. The full grid and the targets: `python -m aiovec.bench controller`.")
+        "schedule, static and adaptive alike. " + (
+            "Noise floor: the setting with the best median, its worst run against that median (below 0.90x, a run of "
+            "the best fixed setting fails the per-run target itself). " if n > 1 else "") +
+        "The full grid and the targets: `python -m aiovec.bench controller`.")
     lines = [head, "",
-             "| scenario | envs | static sweep (setting: steps/s) | best static | adaptive steps/s | adaptive / best static | adaptive at end |",
-             "|---|---|---|---|---|---|---|"]
+             "| scenario | envs | static sweep (setting: steps/s) | best static | adaptive steps/s | adaptive / best static "
+             "| noise floor | adaptive at end |",
+             "|---|---|---|---|---|---|---|---|"]
     for key, first in runs[0].items():
         per = [r[key] for r in runs if key in r]
         sweep = ", ".join(f"{c}: {np.median([p['static'][c] for p in per if c in p['static']]):.0f}" for c in first["static"])
@@ -261,8 +265,18 @@ def _table(data: dict) -> str:
         adaptive = _span([p["adaptive"]["steps_per_s"] for p in per], "{:.0f}")
         ratio = _span([p["ratio"] for p in per], "{:.2f}x")
         ends = "/".join(str(p["adaptive"]["final"]) for p in per)
-        lines.append(f"| {first['title']} | {first['num_envs']} | {sweep} | {best} | {adaptive} | {ratio} | {ends} |")
+        lines.append(f"| {first['title']} | {first['num_envs']} | {sweep} | {best} | {adaptive} | {ratio} | {_floor(per)} | {ends} |")
     return "\n".join(lines)
+
+
+def _floor(per: list[dict]) -> str:
+    """The worst run of the setting with the best median over the runs, against that median (one run: none)."""
+    if len(per) < 2:
+        return "–"
+    labels = [c for c in per[0]["static"] if all(c in p["static"] for p in per)]
+    med = {c: float(np.median([p["static"][c] for p in per])) for c in labels}
+    best = max(med, key=med.__getitem__)
+    return f"{best}: {min(p['static'][best] for p in per) / med[best]:.2f}x"
 
 
 def _median_run(runs: list[dict], key: str) -> dict:

@@ -62,11 +62,13 @@ def test_demo_without_matplotlib_says_what_to_install_before_running(tmp_path) -
 def test_table_shows_median_and_range_of_runs() -> None:
     from aiovec.demo import _table
 
-    def one(ratio: float, rate: float) -> dict:
-        return {"cpu": {"title": "heavy", "num_envs": 8, "static": {"inline": 900.0, "2p x 1t": 1000.0}, "best_static": "2p x 1t",
+    def one(ratio: float, rate: float, two: float = 1000.0) -> dict:
+        return {"cpu": {"title": "heavy", "num_envs": 8, "static": {"inline": 900.0, "2p x 1t": two}, "best_static": "2p x 1t",
                         "adaptive": {"steps_per_s": rate, "final": "2p x 1t"}, "ratio": ratio}}
 
-    table = _table({"runs": [one(0.9, 900.0), one(1.0, 1000.0), one(0.7, 700.0)]})
-    assert "3 runs" in table
+    # the noise floor: the best median's setting (2p x 1t, 1000), its worst run (800) against that median
+    table = _table({"runs": [one(0.9, 900.0), one(1.0, 1000.0, two=800.0), one(0.7, 700.0, two=1100.0)]})
+    assert "3 runs" in table and "Noise floor" in table
     assert ("| heavy | 8 | inline: 900, 2p x 1t: 1000 | 2p x 1t/2p x 1t/2p x 1t | 900 [700–1000] | 0.90x [0.70x–1.00x] | "
-            "2p x 1t/2p x 1t/2p x 1t |") in table
+            "2p x 1t: 0.80x | 2p x 1t/2p x 1t/2p x 1t |") in table
+    assert "| – |" in _table({"runs": [one(0.9, 900.0)]})  # one run has no floor
