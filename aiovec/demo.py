@@ -254,10 +254,11 @@ def _table(data: dict) -> str:
             "Noise floor: the setting with the best median, its worst run against that median (below 0.90x, a run of "
             "the best fixed setting fails the per-run target itself). " if n > 1 else "") +
         "The full grid and the targets: `python -m aiovec.bench controller`.")
+    floor = " noise floor |" if n > 1 else ""
     lines = [head, "",
-             "| scenario | envs | static sweep (setting: steps/s) | best static | adaptive steps/s | adaptive / best static "
-             "| noise floor | adaptive at end |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| scenario | envs | static sweep (setting: steps/s) | best static | adaptive steps/s | adaptive / best static |"
+             f"{floor} adaptive at end |",
+             "|---|---|---|---|---|---|---|" + ("---|" if n > 1 else "")]
     for key, first in runs[0].items():
         per = [r[key] for r in runs if key in r]
         sweep = ", ".join(f"{c}: {np.median([p['static'][c] for p in per if c in p['static']]):.0f}" for c in first["static"])
@@ -265,14 +266,13 @@ def _table(data: dict) -> str:
         adaptive = _span([p["adaptive"]["steps_per_s"] for p in per], "{:.0f}")
         ratio = _span([p["ratio"] for p in per], "{:.2f}x")
         ends = "/".join(str(p["adaptive"]["final"]) for p in per)
-        lines.append(f"| {first['title']} | {first['num_envs']} | {sweep} | {best} | {adaptive} | {ratio} | {_floor(per)} | {ends} |")
+        floor = f" {_floor(per)} |" if n > 1 else ""
+        lines.append(f"| {first['title']} | {first['num_envs']} | {sweep} | {best} | {adaptive} | {ratio} |{floor} {ends} |")
     return "\n".join(lines)
 
 
 def _floor(per: list[dict]) -> str:
-    """The worst run of the setting with the best median over the runs, against that median (one run: none)."""
-    if len(per) < 2:
-        return "–"
+    """The worst run of the setting with the best median over the runs, against that median."""
     labels = [c for c in per[0]["static"] if all(c in p["static"] for p in per)]
     med = {c: float(np.median([p["static"][c] for p in per])) for c in labels}
     best = max(med, key=med.__getitem__)
