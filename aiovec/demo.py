@@ -266,8 +266,8 @@ def _table(data: dict) -> str:
         adaptive = _span([p["adaptive"]["steps_per_s"] for p in per], "{:.0f}")
         ratio = _span([p["ratio"] for p in per], "{:.2f}x")
         ends = "/".join(str(p["adaptive"]["final"]) for p in per)
-        floor = f" {_floor(per)} |" if n > 1 else ""
-        lines.append(f"| {first['title']} | {first['num_envs']} | {sweep} | {best} | {adaptive} | {ratio} |{floor} {ends} |")
+        cell = f" {_floor(per)} |" if n > 1 else ""
+        lines.append(f"| {first['title']} | {first['num_envs']} | {sweep} | {best} | {adaptive} | {ratio} |{cell} {ends} |")
     return "\n".join(lines)
 
 
