@@ -863,9 +863,20 @@ def _waits_appeared(cur: Config, old: Costs, new: Costs) -> bool:
             and new.waiting_share >= WAITS_APPEAR and new.wait_s >= 100e-6)
 
 
-def _changed(a: Costs, b: Costs, factor: float) -> bool:
-    """Whether per-step cost moved by more than ``factor`` (and more than noise: 20 us) in CPU or in total."""
-    def moved(x: float, y: float) -> bool:
-        return abs(x - y) > 20e-6 and max(x, y) > factor * max(min(x, y), 1e-9)
+CPU_CHANGE_SHARE = 0.05
+"""A move of the CPU per step counts toward a change of the env's cost only beyond this share of the whole step (CPU
+plus waiting; and beyond 20 us). Where envs mostly wait, their CPU is tens of microseconds (thread hand-overs
+included) and moves by 1.5-1.8x with the host's speed: 4 of ~300 adaptive runs in the benchmark's and the demo's
+histories took such a move for a new cost (24 envs waiting 3 ms: CPU 0.12 -> 0.07 ms a step), forgot their records
+and probed again, one settling in 15 intervals instead of 1. Every real change there moves the CPU by 20% of a step
+or more (waiting 3 ms -> computing 1 ms: 0.08 -> 0.81 ms), and a cost that changes in its waiting changes the total."""
 
-    return moved(a.cpu_s, b.cpu_s) or moved(a.cpu_s + a.wait_s, b.cpu_s + b.wait_s)
+
+def _changed(a: Costs, b: Costs, factor: float) -> bool:
+    """Whether per-step cost moved by more than ``factor`` (and more than noise: 20 us, and for the CPU part
+    :data:`CPU_CHANGE_SHARE` of the step) in CPU or in total."""
+    def moved(x: float, y: float, floor: float = 20e-6) -> bool:
+        return abs(x - y) > floor and max(x, y) > factor * max(min(x, y), 1e-9)
+
+    step = max(a.cpu_s + a.wait_s, b.cpu_s + b.wait_s)
+    return moved(a.cpu_s, b.cpu_s, max(20e-6, CPU_CHANGE_SHARE * step)) or moved(a.cpu_s + a.wait_s, b.cpu_s + b.wait_s)

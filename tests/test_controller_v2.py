@@ -980,3 +980,22 @@ def test_an_exploration_bonus_does_not_carry_a_move_to_more_processes() -> None:
         seen.append(d.reason)
         c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
         assert c.processes <= start.processes, seen
+
+
+def test_a_host_speed_change_in_the_small_cpu_of_waiting_envs_is_no_change_of_cost() -> None:
+    """24 envs waiting 3 ms on 3p x 8t: the host speeds up and their CPU per step falls from 0.12 to 0.07 ms for good
+    (4% of a step). That is no new cost (records kept, no probe); a move of the CPU by a fifth of the step still is."""
+    ctrl, c = MeasuredController(), Config("process", 3, 8)
+    for _ in range(8):
+        d = ctrl.decide(interval(c, n=24, t_cpu=0.12e-3, t_wait=2.99e-3, rate=6000))
+        c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+    held = c
+    reasons = []
+    for _ in range(6):
+        d = ctrl.decide(interval(c, n=24, t_cpu=0.07e-3, t_wait=3.0e-3, rate=6100))
+        reasons.append(d.reason)
+        c = Config(d.placement or c.placement, d.target, d.threads or c.threads)
+    assert not any("env cost changed" in r for r in reasons) and c == held, reasons
+    d = ctrl.decide(interval(c, n=24, t_cpu=0.81e-3, t_wait=2.5e-3, rate=2000))
+    d = ctrl.decide(interval(c, n=24, t_cpu=0.81e-3, t_wait=2.5e-3, rate=2000))
+    assert ctrl.regime_changes >= 1, d.reason
