@@ -241,10 +241,11 @@ class AsyncVecEnv:
         if placement == "hybrid" and num_workers != "auto" and num_workers < 2:
             raise ConfigError(f"placement='hybrid' counts this process as one of num_workers, so it needs num_workers >= 2, got {num_workers}")
         self._env_threads_arg = env_threads  # None: not set by the user (the controller may turn it)
-        self.env_threads = 1 if env_threads is None else _positive_int(env_threads, "env_threads")
         if check_obs is None:
             check_obs = bool(sys.flags.dev_mode or os.environ.get("AIOVEC_DEBUG"))
-        self._host_options = {"env_threads": self.env_threads, "check_obs": bool(check_obs)}
+        # What the backends start workers with; once started, the pool owns the thread count (see env_threads).
+        self._host_options = {"env_threads": 1 if env_threads is None else _positive_int(env_threads, "env_threads"),
+                              "check_obs": bool(check_obs)}
         self._ray = (ray_address, ray_options)
         self.max_restarts = max_restarts
         self.restart_backoff = float(restart_backoff)
@@ -483,7 +484,7 @@ class AsyncVecEnv:
             if self._env_threads_arg is None and kind == "process" and cost is not None:
                 # threads not set by the user: start where the model expects the best (corrected at run time)
                 workers, threads = plan_start(self.num_envs, cost.cpu_s, cost.wall_s, cpus, workers, pace_s=cost.pace_s or 0.0)
-                self.env_threads = self._host_options["env_threads"] = threads
+                self._host_options["env_threads"] = threads
         spin = self._spin_arg
         processes = workers - 1 if kind == "hybrid" else workers  # this process steps a shard: it needs its CPU either way
         self._spin_s = spin_for(processes, cpus) if spin == "auto" else (SPIN_S if spin else 0.0)
@@ -535,13 +536,13 @@ class AsyncVecEnv:
             if self._control_task is not None:
                 self._control_task.cancel()
                 await asyncio.gather(self._control_task, return_exceptions=True)
-            pool, self._pool = self._pool, None
+            pool = self._drop_pool()
             if pool is None:
                 return
             await pool.close(self.close_timeout)
         except BaseException:
             if pool is None:  # cancelled before the pool's close began
-                pool, self._pool = self._pool, None
+                pool = self._drop_pool()
             if pool is not None:
                 pool.abandon()  # cancelled or failed mid-close: leave nothing running, nor pending
             raise
@@ -549,6 +550,21 @@ class AsyncVecEnv:
             self._close_done.set_result(None)
         # No gc.collect() here (it can hold the loop for long in a big application): each worker's
         # stop() drops the executor, its thread and its process, which hold the queues' semaphores.
+
+    def _drop_pool(self) -> WorkerPool | None:
+        """Detach the pool for closing; :attr:`env_threads` keeps the count it ran with last."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            self._host_options["env_threads"] = pool.env_threads
+        return pool
+
+    @property
+    def env_threads(self) -> int:
+        """Threads per worker process that step its envs concurrently (see :meth:`set_env_threads`): the worker
+        pool's setting while it runs (the controller may turn it), the constructor's (or the start plan's) before,
+        the last one after ``close()``."""
+        pool = self._pool
+        return pool.env_threads if pool is not None else self._host_options["env_threads"]
 
     def __del__(self) -> None:
         pool = getattr(self, "_pool", None)
@@ -1028,8 +1044,6 @@ class AsyncVecEnv:
             raise ClosedError("the vector env is closed")
         if placement in ("inline", "hybrid") and "inline" not in pool.backends:
             raise ConfigError("this vector env cannot step envs inline (placement='process', step_timeout or a Ray backend)")
-        if env_threads is not None:
-            self.env_threads = self._host_options["env_threads"] = env_threads
         try:
             await pool.resize(n, placement, env_threads)
         finally:
@@ -1064,8 +1078,6 @@ class AsyncVecEnv:
         """
         k = _positive_int(env_threads, "env_threads")
         await self.start()
-        self.env_threads = k
-        self._host_options["env_threads"] = k
         self._pool.set_threads(k)  # type: ignore[union-attr]
 
     @property

@@ -241,6 +241,27 @@ def test_workers_still_holding_envs_bound_elsewhere_keep_threads_for_them(clean)
     assert after == [(2, 2)] * 8
 
 
+def test_env_threads_reads_the_pools_setting_while_it_runs_and_keeps_the_last_after_close(clean) -> None:
+    """One owner for the thread count: the constructor's before start, the worker pool's while it runs (workers
+    confirm it), the last one after close."""
+
+    async def main() -> tuple[int, int, list, int]:
+        venv = aiovec.make("aiovec/Sleep-v0", 4, num_workers=2, env_threads=2, env_kwargs={"wait_ms": 1.0})
+        before = venv.env_threads
+        async with venv:
+            await venv.reset(seed=0)
+            await venv.set_env_threads(3)
+            acts = np.zeros(4, dtype=np.int64)
+            await venv.step(acts)
+            await venv.step(acts)  # the TUNE's reply is in
+            running, confirmed = venv.env_threads, [w["env_threads"] for w in venv.stats()["workers"]]
+        return before, running, confirmed, venv.env_threads
+
+    before, running, confirmed, after = asyncio.run(main())
+    assert_clean(clean)
+    assert (before, running, confirmed, after) == (2, 3, [3, 3], 3)
+
+
 def test_parked_workers_stop_after_park_s_and_a_parked_death_costs_nothing(clean, monkeypatch) -> None:
     """A parked worker that dies (SIGKILL) is not a crash: no restart spent, no error raised; the others stop
     on their own after PARK_S, and close() stops any still parked."""
