@@ -45,6 +45,7 @@ class _Sample:
     busy: float
     moves: int
     load: LoadSample
+    in_step: float  # the caller's seconds inside step() so far
     task_runq: dict[int, float] | None = None  # per worker pid: run-queue wait of all its threads (s), when threaded
 
 
@@ -104,7 +105,7 @@ class ControlLoop:
             sum(w.wall_s for w in workers), sum(w.runq_s for w in workers), time.process_time() - (pool.poll_s if pool else 0.0),
             self.venv._busy_time(), pool.moves if pool else 0,
             self._host.sample(pids) if self._host is not None else LoadSample(0.0, 0.0, 0.0, {}, False),
-            _task_runq(pids) if threaded else None,
+            self.venv._in_step_s, _task_runq(pids) if threaded else None,
         )
 
     def _pace(self) -> float:
@@ -137,8 +138,11 @@ class ControlLoop:
         live = max(1, venv.num_workers)
         lock, first = self._seen
         self._seen = [0, 0]
+        awaiting = min(1.0, max(0.0, (b.in_step - a.in_step) / dt)) if dt > 0 else 0.0
         if lock or first:  # what the caller was awaiting when the loop looked: step() or recv()
             lockstep: bool | None = lock >= first
+        elif awaiting > 0:  # no look found it waiting, but it called step(): lock-step, with work of its own between
+            lockstep = True
         else:  # commands that each step a worker's whole shard (a recv() whose batch is a shard looks the same)
             lockstep = None if commands <= 0 else steps / commands >= 0.9 * venv.num_envs / live
         if threads > 1:  # a command's wall time is shared by its envs' threads: per env step it is longer
@@ -151,6 +155,7 @@ class ControlLoop:
             threads=threads, placement=placement, lockstep=lockstep, largest_shard=shard,
             fixed_workers=self.fixed_workers, fixed_threads=self.fixed_threads, inline_ok=self.inline_ok,
             fixed_placement=self.fixed_placement, pace_s=self._pace(), foreign_cpus=self._foreign_cpus(a.load, b.load),
+            awaiting=awaiting if lockstep else 0.0,
         )
 
     def _foreign_cpus(self, a: LoadSample, b: LoadSample) -> float:
@@ -208,6 +213,7 @@ class ControlLoop:
                 "t": cur.t - self.venv._stats.t0, "workers": m.num_workers, "steps_per_s": m.throughput,
                 "latency_p50_s": self.venv._stats.latency.percentiles((50,))["p50"], "target": d.target,
                 "reason": d.reason, "measured": d.measured, "runq_share": m.runq_share, "foreign_cpus": m.foreign_cpus,
+                "demand": m.demand, "awaiting": m.awaiting,
                 "threads": m.threads, "placement": m.placement, "lockstep": m.lockstep,
                 "config": config_of(m).label,
                 "target_threads": threads, "target_placement": placement,

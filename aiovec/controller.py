@@ -49,6 +49,19 @@ class Measurement:
     fixed_placement: bool = False  # the user chose the placement: configurations keep the current one
     pace_s: float = 0.0  # this host's interpreter pace during the interval (autoconf.python_pace); 0: unknown
     foreign_cpus: float = 0.0  # CPUs of this process's cores that other processes kept busy (hostload); 0: none or unknown
+    awaiting: float = 0.0  # share of the interval the caller spent inside step() (lock-step); 0: none or unknown
+
+    @property
+    def stepping_rate(self) -> float:
+        """Env steps per second of the caller's time inside ``step()`` (lock-step; elsewhere :attr:`throughput`).
+
+        What lock-step configurations are ranked by: the caller's own work between steps (a policy's forward
+        pass, the rest of a service) takes the same time whatever the configuration, so the time it waits in
+        ``step()`` is what a configuration changes, and its rate holds while the caller's share of the time moves.
+        """
+        if self.lockstep is True and self.awaiting > 0 and self.interval_s > 0:
+            return self.steps / (self.awaiting * self.interval_s)
+        return self.throughput
 
     @property
     def throughput(self) -> float:

@@ -30,6 +30,11 @@ controller records the measured steps/s of the configuration that ran, and:
    configuration measures below its own earlier record (a slower host), the others' are scaled down alike,
    and a move to more resources on a record must also clear its scatter plus the current visit's.
 
+A configuration is rated by its steps/s, in lock-step per second of the caller's time inside ``step()``
+(:attr:`~aiovec.controller.Measurement.stepping_rate`): a caller with work of its own between steps is measured too.
+Intervals in which the caller did not step (a learner update: in lock-step, in ``step()`` less than
+:data:`LOCKSTEP_MIN_AWAITING` of it; first-finished, steps in flight less than ``min_demand`` of it) are skipped.
+
 Intervals measured while other processes held half a CPU or more (``Measurement.foreign_cpus``, see
 :data:`FOREIGN_LOAD`) decide nothing for good against quiet ones: a loss measured so bans nothing, a configuration
 that lost so is measured again once the host is quiet, and records made only so are forgotten then.
@@ -276,7 +281,12 @@ class MeasuredController:
     def decide(self, m: Measurement) -> Decision:
         """The configuration for the next interval, with the reason."""
         cur = config_of(m)
-        if m.steps == 0 or m.demand < self.min_demand:
+        if m.steps == 0:
+            return self._hold(cur, "skipped: no steps", measured=False)
+        if m.lockstep is True and m.awaiting > 0:
+            if m.awaiting < LOCKSTEP_MIN_AWAITING:
+                return self._hold(cur, f"skipped: caller was in step() only {m.awaiting:.0%} of the interval", measured=False)
+        elif m.demand < self.min_demand:
             return self._hold(cur, f"skipped: caller asked for steps only {m.demand:.0%} of the interval", measured=False)
         if m.settling and self._skips < self.max_settling_skips:
             self._skips += 1
@@ -288,7 +298,7 @@ class MeasuredController:
             self._probes_left = max(self._probes_left, 1)  # decay: one more look around now and then
             self._process_probes_left = max(self._process_probes_left, 1)
             self._look_again = True
-        x, costs = m.throughput, infer_costs(m)
+        x, costs = m.stepping_rate, infer_costs(m)
         if self._drop_first:  # the first interval after processes changed: new workers warm up
             # Neither its throughput nor its costs count: costs it inferred while processes started (less waiting,
             # say) made the next two normal intervals look like a change of the env's cost, which forgot every
@@ -722,6 +732,17 @@ lost while loaded to one measured quiet is measured again, and records measured 
 host turns quiet. A busy process beside CartPole x16 for the first 1.2 s of a run: hybrid measured 13-40k steps/s
 (alone 165-185k), a look at inline measured 141-145k once the process had ended, and 6 of 6 runs stayed inline
 (0.8x) until the memory's decay."""
+
+LOCKSTEP_MIN_AWAITING = 0.05
+"""In lock-step, the least share of an interval the caller must spend inside ``step()`` for the interval to be
+measured: below it the caller was doing something else (a learner update), and the few steps it took say little.
+Above it the interval is rated per second in ``step()`` (:attr:`~aiovec.controller.Measurement.stepping_rate`), so
+a caller with work of its own between steps is tuned too. Rated per second of the whole interval and skipped below
+half, 24 envs waiting 3 ms behind a caller that awaited 8 ms of its own I/O after each step (in ``step()`` ~35% of
+the time) were never measured while they waited; when they turned to computing 1 ms a step there was no reading to
+see the change against, and the run held 4p x 6t (threads queueing for the GIL read as waiting) where 2p x 1t stepped
+them 8% faster (the caller's whole loop: 5%). Rated per second in ``step()``, the change was read on its first
+interval and 2p x 1t chosen on the third."""
 
 MAX_SCATTER = 0.15
 """The most a costlier move's intervals' scatter raises the gain it must show (see :func:`_scatter`)."""

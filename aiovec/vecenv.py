@@ -274,6 +274,7 @@ class AsyncVecEnv:
         self._restart_counts = [0] * n
         self._errors: deque[AiovecError] = deque()
         self._waiters: list[tuple[asyncio.Future, bool]] = []  # (future, wake only when no step is in flight)
+        self._in_step_s = 0.0  # wall time the caller spent inside step(): what the controller rates lock-step by
         self._pool: WorkerPool | None = None
         self._views: Any = None
         self._delivered: Any = None
@@ -883,41 +884,45 @@ class AsyncVecEnv:
         >>> aiovec.run(main())
         ((2, 4), True)
         """
-        pool, table = self._pool, self._table
-        if pool is None or self._closed:
-            self._check_started()
-        if table.in_flight or table.num_ready:
-            raise EnvStateError("step() needs every env idle, but some have steps in flight or unreceived results: recv()/drain() them first")
-        if self._control_error is not None:
-            self._raise_control_error()
-        if table.settled and self._flat_actions and not self._disabled:  # _put_actions' case of idle envs, flat actions
-            self._write_flat_actions(slice(None), self._check_actions(actions, self.num_envs))
-        else:
-            self._put_actions(actions, None)
-        stepped = self._step_in_turn()
-        if stepped is None:
-            self._send_put(None)
-        elif stepped:  # clean, every env idle again: copy the results before another task may send
-            v = self._views
-            if self._flat_obs and self._delivered is None:  # _step_result's common case, one call less a batch
-                result = v.obs.copy(), v.rewards.copy(), v.terminations.copy(), v.truncations.copy(), {}
+        t0 = time.perf_counter()
+        try:
+            pool, table = self._pool, self._table
+            if pool is None or self._closed:
+                self._check_started()
+            if table.in_flight or table.num_ready:
+                raise EnvStateError("step() needs every env idle, but some have steps in flight or unreceived results: recv()/drain() them first")
+            if self._control_error is not None:
+                self._raise_control_error()
+            if table.settled and self._flat_actions and not self._disabled:  # _put_actions' case of idle envs, flat actions
+                self._write_flat_actions(slice(None), self._check_actions(actions, self.num_envs))
             else:
-                result = self._step_result({})
-            batch = table.in_turn_batches
-            try:
+                self._put_actions(actions, None)
+            stepped = self._step_in_turn()
+            if stepped is None:
+                self._send_put(None)
+            elif stepped:  # clean, every env idle again: copy the results before another task may send
+                v = self._views
+                if self._flat_obs and self._delivered is None:  # _step_result's common case, one call less a batch
+                    result = v.obs.copy(), v.rewards.copy(), v.terminations.copy(), v.truncations.copy(), {}
+                else:
+                    result = self._step_result({})
+                batch = table.in_turn_batches
+                try:
+                    await checkpoint()  # stepped at once (inline): still a checkpoint for the other tasks
+                except asyncio.CancelledError:
+                    self._requeue_in_turn(batch)
+                    raise
+                return result
+            if not table.in_flight:
                 await checkpoint()  # stepped at once (inline): still a checkpoint for the other tasks
-            except asyncio.CancelledError:
-                self._requeue_in_turn(batch)
-                raise
-            return result
-        if not table.in_flight:
-            await checkpoint()  # stepped at once (inline): still a checkpoint for the other tasks
-        while table.in_flight:
-            await self._wait(None, batch=True)
-        if self._errors:
-            raise self._errors.popleft()
-        rows_info, parts = table.collect(slice(None))
-        return self._step_result(batch_infos(self.num_envs, rows_info, parts) if rows_info or parts else {})
+            while table.in_flight:
+                await self._wait(None, batch=True)
+            if self._errors:
+                raise self._errors.popleft()
+            rows_info, parts = table.collect(slice(None))
+            return self._step_result(batch_infos(self.num_envs, rows_info, parts) if rows_info or parts else {})
+        finally:
+            self._in_step_s += time.perf_counter() - t0
 
     def _step_result(self, infos: dict[str, Any]) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """``step()``'s 5-tuple for every env: copies of the result buffers, so they stay the caller's."""

@@ -745,6 +745,27 @@ def test_a_placement_the_user_chose_stays() -> None:
                    fixed_placement=True)
     assert {c.placement for c in trace} == {"process"}, trace
 
+def test_lock_step_is_rated_per_second_in_step_so_a_caller_with_work_of_its_own_is_measured() -> None:
+    """A lock-step caller that spends 70% of each interval on its own work (a policy, a service) is measured, at the
+    rate its envs step while it waits in ``step()``; one that hardly stepped (a learner update) is skipped; so is a
+    first-finished one whose steps were in flight less than ``min_demand`` of the interval."""
+    c = Config("process", 2, 1)
+    low = dataclasses.replace(interval(c, 24, 1e-3, 0.0, rate=600), demand=0.3, awaiting=0.3)
+    assert low.stepping_rate == 2000 and low.throughput == 600
+    ctrl = MeasuredController()
+    assert ctrl.decide(low).reason == "warming up 2p x 1t: 2,000 steps/s not counted"
+    assert ctrl.decide(low).reason == "measuring 2p x 1t: 2,000 steps/s (1/2)"
+    idle = dataclasses.replace(low, steps=20, demand=0.01, awaiting=0.01)
+    d = ctrl.decide(idle)
+    assert not d.measured and d.reason == "skipped: caller was in step() only 1% of the interval"
+    first = dataclasses.replace(low, lockstep=False, awaiting=0.0)
+    d = MeasuredController().decide(first)
+    assert not d.measured and d.reason == "skipped: caller asked for steps only 30% of the interval"
+    # A v1-style measurement (no awaiting) keeps the old rule: rated per second of the interval, skipped below half.
+    v1 = dataclasses.replace(low, awaiting=0.0)
+    assert v1.stepping_rate == 600 and not MeasuredController().decide(v1).measured
+
+
 def test_v1_measurements_and_decisions_keep_working() -> None:
     m = Measurement(1.0, 2, 16, 1800, 1e-3, 0.0, 1e-4, 5e-5, 1.0, 2)  # positional, as v1 callers build it
     assert m.threads == 1 and m.placement == "process" and m.lockstep is None
@@ -787,6 +808,38 @@ def test_real_waiting_envs_auto_uses_threads_and_matches_a_process_per_env(clean
     assert procs <= 6, trace
     assert auto >= 0.8 * static, f"auto {auto:.0f} vs 24 processes {static:.0f} steps/s; {trace}"
     assert all(h["lockstep"] in (True, None) for h in hist if h["measured"]), [h["lockstep"] for h in hist]
+    assert_clean(clean)
+
+
+@pytest.mark.slow
+def test_a_lock_step_caller_with_work_of_its_own_has_its_envs_retuned_when_their_cost_changes(clean) -> None:
+    """24 envs wait 3 ms a step, then compute 1 ms, then wait again, behind a caller that awaits 8 ms of its own
+    I/O after each step (in ``step()`` about a third of the time while the envs wait). Rated per second of the whole
+    interval, every waiting interval read under half and was skipped: the controller had no reading of the waiting
+    envs to see the change against, and measured nothing once they waited again. Rated per second in ``step()``,
+    every interval is measured: threads go to one while the envs compute and come back when they wait."""
+    waiting, computing, again = 2.0, 4.0, 5.0
+    t0 = time.time() + 2.0
+    kw = {"schedule": [(waiting, 0.0, 3.0), (computing, 1.0, 0.0), (again, 0.0, 3.0), (3600.0, 0.0, 3.0)], "start_time": t0,
+          "episode_len": 25}
+
+    async def main() -> tuple[list[dict], float]:
+        async with aiovec.make("aiovec/PhaseChange-v0", 24, env_kwargs=kw) as venv:
+            await venv.reset(seed=0)
+            p0 = time.perf_counter() + (t0 - time.time())
+            acts = np.zeros(24, dtype=np.int64)
+            while time.time() - t0 < waiting + computing + again:
+                await asyncio.wait_for(venv.step(acts), 30)
+                await asyncio.sleep(0.008)
+            return list(venv.control_history), p0 - venv._stats.t0
+
+    hist, t_phase0 = aiovec.run(main())
+    trace = [(round(h["t"] - t_phase0, 2), h["config"], round(h["awaiting"], 2), h["reason"][:90]) for h in hist]
+    in_computing = [h for h in hist if waiting + 1.0 < h["t"] - t_phase0 < waiting + computing]
+    at_end = [h for h in hist if h["t"] - t_phase0 > waiting + computing + again - 1.5]
+    assert any(h["threads"] == 1 and h["placement"] == "process" for h in in_computing), trace
+    assert at_end and all(h["threads"] >= 4 for h in at_end), trace
+    assert all(h["measured"] for h in at_end), trace
     assert_clean(clean)
 
 
