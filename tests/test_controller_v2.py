@@ -966,7 +966,7 @@ def test_the_held_out_workloads_run_from_the_benchmark_command(clean, capsys) ->
     cells = [c.strip() for c in row.split("|")]
     # CPU-bound: both the best static setting and where the controller ends use several processes, one thread each
     # (which of 2 and 6 processes wins a single half-second round is the host's call).
-    for setting in (cells[3], cells[8].removeprefix("process ")):
+    for setting in (cells[3], cells[9].removeprefix("process ")):
         assert setting.endswith("p x 1t") and int(setting.split("p")[0]) >= 2, row
     assert_clean(clean)
 
