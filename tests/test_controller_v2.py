@@ -745,6 +745,7 @@ def test_a_placement_the_user_chose_stays() -> None:
                    fixed_placement=True)
     assert {c.placement for c in trace} == {"process"}, trace
 
+
 def test_lock_step_is_rated_per_second_in_step_so_a_caller_with_work_of_its_own_is_measured() -> None:
     """A lock-step caller that spends 70% of each interval on its own work (a policy, a service) is measured, at the
     rate its envs step while it waits in ``step()``; one that hardly stepped (a learner update) is skipped; so is a
@@ -838,8 +839,9 @@ def test_a_lock_step_caller_with_work_of_its_own_has_its_envs_retuned_when_their
     in_computing = [h for h in hist if waiting + 1.0 < h["t"] - t_phase0 < waiting + computing]
     at_end = [h for h in hist if h["t"] - t_phase0 > waiting + computing + again - 1.5]
     assert any(h["threads"] == 1 and h["placement"] == "process" for h in in_computing), trace
-    assert at_end and all(h["threads"] >= 4 for h in at_end), trace
-    assert all(h["measured"] for h in at_end), trace
+    assert at_end and all(h["threads"] > 1 for h in at_end), trace
+    # every interval measured, but for a move's own (a probe may start one): none skipped for the caller's demand
+    assert any(h["measured"] for h in at_end) and not [h for h in at_end if h["reason"].startswith("skipped: caller")], trace
     assert_clean(clean)
 
 
