@@ -260,6 +260,7 @@ class MeasuredController:
         self._jumps = 0
         self._probes_left = probes
         self._process_probes_left = process_probes
+        self._rung_looked = False  # this env regime measured the other in-process rung (see ``_other_rung``)
         self._threads_first = False
         self._cpu_up = False  # the last change of cost raised the CPU per step (x2 and more)
         self._waits_began = False  # the last change of cost: CPU-bound envs on one thread began to wait (WAITS_APPEAR)
@@ -505,6 +506,7 @@ class MeasuredController:
         self.costs, self._jumps, self._base, self._visit, self._prior_here = costs, 0, None, [], None
         self._visit_loaded, self._recheck, self._reverted, self._undone, self._warm_x = [], None, None, set(), None
         self._process_probes_left = 0 if known is not None else self.process_probes
+        self._rung_looked = False
         self._follow = FOLLOW_DECISIONS if known is not None else 0
         self._probes_left, self._threads_first, self._explored_processes = self.probes, known is None, known is not None
         self._cpu_up = _cpu_moved(old.cpu_s, costs.cpu_s) and costs.cpu_s > old.cpu_s
@@ -582,8 +584,8 @@ class MeasuredController:
             elif fresh:
                 x = rec.median * (drift_fewer if _resources(c) < _resources(cur) else drift)  # type: ignore[union-attr]
                 scored.append((x, x, True, c))
-            elif _moves_envs(c, cur) and self._process_probes_left <= 0 and not force:
-                continue  # process probes spent (or a cost measured before: its measurements decide)
+            elif _moves_envs(c, cur) and self._process_probes_left <= 0 and not force and (c != rung or self._rung_looked):
+                continue  # process probes spent (or a cost measured before: its measurements decide); see _other_rung
             elif force or (self._probes_left > 0 and self._may_probe()):
                 bonus = 1 + self.explore if c in explore else 1.0
                 raw = cal * predict(c, costs, m.num_envs, m.cpus, lockstep, command_cost(m.pace_s))
@@ -624,7 +626,8 @@ class MeasuredController:
         if not measured:
             self._look_again = False
             self._probes_left -= 1
-            self._process_probes_left -= _moves_envs(best, cur)
+            self._process_probes_left = max(0, self._process_probes_left - _moves_envs(best, cur))
+            self._rung_looked |= best == rung
             self._explored_processes |= best.processes != cur.processes
         kind = "measured" if measured else "model"
         why = "the env is too costly to step in this process; " if force else ""
@@ -676,6 +679,12 @@ class MeasuredController:
         need only not lose): it gives up the second CPU, which hybrid gets whenever the host frees it, and holds the
         loop for the whole batch. 16 CartPoles: hybrid's median measured 1.02x and 1.12x inline's in two same-run
         sweeps, yet two intervals each kept inline as a near-tie in 2 of 3 runs, 10-20% below hybrid.
+
+        The look is made once per env regime even where its one process probe is spent: the probe that brought the
+        envs to hybrid (from processes, on the model's word) must not be what keeps the model's least reliable
+        ranking unmeasured. 8 envs back to cheap after 1 ms a step (costs read in the processes: ~0.05 ms a step,
+        command overhead included) went 2p x 1t -> hybrid on the model and held it at ~59k steps/s, inline never
+        looked at (it had run ~81k before the costly phase); 2 runs of ~30 of the test that checks it came back.
         """
         if cur.placement != "hybrid" or self._slow_moves:
             return None

@@ -567,6 +567,32 @@ def test_inline_and_hybrid_are_both_measured_where_a_batch_is_cheap() -> None:
     assert Config.inline() in trace, [c.label for c in trace]
 
 
+def test_hybrid_reached_on_the_regimes_process_probe_still_gets_its_look_at_inline() -> None:
+    """From processes the model may send cheap envs to hybrid, which spends the env regime's one process probe; the
+    look at inline (the model's least reliable ranking) is still made, once: kept where inline measures faster,
+    reverted where it measures slower, and not made again. Without it, 8 envs back to cheap after a costly phase
+    held hybrid at ~59k steps/s where inline had run ~81k."""
+    for t_cpu in (30e-6, 50e-6):
+        env = {"n": 8, "t_cpu": t_cpu, "t_wait": 0.0, "inline_ok": True}
+
+        def model(c: Config, t_cpu: float = t_cpu) -> float:
+            return predict(c, Costs(t_cpu, 0.0, 20e-6), 8, 2)
+
+        assert model(Config.hybrid(2)) > model(Config.inline())  # the model alone prefers hybrid
+        for inline_x, ends in ((1.5, Config.inline()), (0.8, Config.hybrid(2))):
+            def truth(c: Config, inline_x: float = inline_x) -> float:
+                return inline_x * model(Config.hybrid(2)) if c.placement == "inline" else model(c)
+
+            trace = follow(MeasuredController(), Config("process", 2, 1), 20, truth, **env)
+            labels = [c.label for c in trace]
+            assert Config.hybrid(2) in trace and Config.inline() in trace, labels
+            assert trace[-6:] == [ends] * 6, labels
+            first_inline = trace.index(Config.inline())
+            if ends == Config.hybrid(2):  # one look, reverted, not repeated
+                back = trace.index(Config.hybrid(2), first_inline)
+                assert Config.inline() not in trace[back:], labels
+
+
 def test_a_move_to_fewer_resources_is_judged_on_each_visits_best_interval() -> None:
     """cheap on this VM: hybrid measured 89k, then 52k and 65k steps/s while the host was busy; inline then measured
     77k against that 65k median and stayed, 12% below hybrid for the rest of the run. The host only ever slows a
