@@ -26,7 +26,8 @@ controller records the measured steps/s of the configuration that ran, and:
 3. **Moves** when the best candidate beats the current measurement by ``gain`` (``move_gain`` for a prediction
    of more processes: see :data:`MOVE_GAIN`); moves to
    configurations never measured are probes, limited to ``probes`` per env regime (``process_probes`` of
-   them to another process count or placement, none once the env returns to a cost it had). Records are from other moments: where the current
+   them to another process count or placement, none once the env returns to a cost it had; beyond them, one look
+   at inline from hybrid per regime: see ``_other_rung``). Records are from other moments: where the current
    configuration measures below its own earlier record (a slower host), the others' are scaled down alike,
    and a move to more resources on a record must also clear its scatter plus the current visit's.
 
