@@ -4,12 +4,15 @@ checkpoint every awaited call of the API passes."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import signal
+import sys
 import types
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from . import exits
+from .ctrlc import CtrlC
 
 T = TypeVar("T")
 
@@ -50,9 +53,11 @@ def has_uvloop() -> bool:
 def run(main: Coroutine[Any, Any, T], *, use_uvloop: bool | None = None, debug: bool | None = None) -> T:
     """Like :func:`asyncio.run`, on uvloop by default when it is installed.
 
-    Ctrl-C cancels ``main``, so ``async with`` blocks inside it close their vector envs. So does
-    SIGTERM when called from the main thread with SIGTERM's default action in place: ``main`` is
-    cancelled, and once it has unwound ``run`` raises ``SystemExit(143)``.
+    Ctrl-C cancels ``main``, so ``async with`` blocks inside it close their vector envs; a second
+    Ctrl-C cancels it again, so a vector env still closing kills its workers at once; a third raises
+    ``KeyboardInterrupt`` wherever the main thread is (:mod:`aiovec.ctrlc`). Called from the main
+    thread with SIGTERM's default action in place, SIGTERM cancels ``main`` too, and once it has
+    unwound ``run`` raises ``SystemExit(143)``.
     aiovec needs no special loop: inside an application that already runs one, just await it.
 
     >>> async def main():
@@ -71,11 +76,7 @@ def run(main: Coroutine[Any, Any, T], *, use_uvloop: bool | None = None, debug: 
         use_uvloop = has_uvloop()
     wrapped = _unwind_on_sigterm(main) if exits.can_handle_sigterm() else main
     try:
-        if use_uvloop:
-            import uvloop
-
-            return uvloop.run(wrapped, debug=debug)
-        return asyncio.run(wrapped, debug=debug)
+        return _run(wrapped, use_uvloop, debug)
     except KeyboardInterrupt:
         # asyncio raises it while handling the main task's CancelledError: without this, Ctrl-C
         # prints two chained tracebacks for one keypress.
@@ -84,6 +85,41 @@ def run(main: Coroutine[Any, Any, T], *, use_uvloop: bool | None = None, debug: 
         if exits.is_no_guard_failure(exc):
             raise exits.MainGuardMissing() from None
         raise
+
+
+def _run(coro: Coroutine[Any, Any, T], use_uvloop: bool, debug: bool | None) -> T:
+    """Run ``coro`` on a new loop; from Python 3.11 on, with SIGINT handled by :class:`~aiovec.ctrlc.CtrlC`."""
+    factory = None
+    if use_uvloop:
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    if sys.version_info < (3, 11) or not CtrlC.can_install():
+        if use_uvloop:
+            return uvloop.run(coro, debug=debug)
+        return asyncio.run(coro, debug=debug)
+    ctrlc = CtrlC()
+    ctrlc.install()  # before the runner starts: it installs its own handler only over Python's default
+    returned = False
+    try:
+        with asyncio.Runner(loop_factory=factory, debug=debug) as runner:
+            result = runner.run(_started(ctrlc, coro))
+        returned = True
+        return result
+    except asyncio.CancelledError:
+        if ctrlc.presses:
+            raise KeyboardInterrupt() from None
+        raise
+    finally:
+        if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+            coro.close()  # a press before the main task's first step: nothing ran, say nothing of it
+        ctrlc.finish(interrupted=ctrlc.presses > 0 and not returned)
+
+
+async def _started(ctrlc: CtrlC, coro: Coroutine[Any, Any, T]) -> T:
+    """Hand the running loop and task to ``ctrlc``, then await ``coro``."""
+    ctrlc.start(asyncio.get_running_loop(), asyncio.current_task())  # type: ignore[arg-type]
+    return await coro
 
 
 async def _unwind_on_sigterm(main: Coroutine[Any, Any, T]) -> T:

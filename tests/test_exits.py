@@ -289,3 +289,114 @@ def test_ctrl_c_twice_while_workers_start_prints_only_the_interrupt(tmp_path: Pa
         assert not left, (delay, left)
         assert "FileNotFoundError" not in text and text.count("Traceback (most recent call last)") <= 1, (delay, text[-3000:])
         assert not text.strip() or text.rstrip().splitlines()[-1] == "KeyboardInterrupt", (delay, text[-3000:])
+
+
+def _start_script(tmp_path: Path, name: str, text: str) -> subprocess.Popen:
+    script = tmp_path / name
+    script.write_text(textwrap.dedent(text))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=tmp_path, start_new_session=True, preexec_fn=default_signals)
+
+
+def _only_the_interrupt(err: bytes) -> str:
+    text = err.decode(errors="replace")
+    assert text.count("Traceback (most recent call last)") == 1 and "Exception ignored" not in text, text[-3000:]
+    assert text.rstrip().splitlines()[-1] == "KeyboardInterrupt", text[-3000:]
+    return text
+
+
+def test_a_second_ctrl_c_after_run_raised_lets_the_exit_finish(tmp_path: Path) -> None:
+    """The second Ctrl-C of a double press often lands once ``aiovec.run`` has raised already, while the script's own
+    ``finally`` blocks, multiprocessing's finalizers and the interpreter's exit run: it is only counted there, so
+    they finish and nothing but the one ``KeyboardInterrupt`` is printed (it raised inside them before)."""
+    proc = _start_script(tmp_path, "after_run.py", """
+        import time
+        import numpy as np
+        import aiovec
+
+        async def main():
+            async with aiovec.make("CartPole-v1", 4, num_workers=2, placement="process") as venv:
+                await venv.reset(seed=0)
+                print("stepping", flush=True)
+                while True:
+                    await venv.step(np.zeros(4, dtype=np.int64))
+
+        if __name__ == "__main__":
+            try:
+                aiovec.run(main())
+            finally:
+                print("run ended", flush=True)
+                time.sleep(0.5)  # stands for an exit that takes a while: saving a checkpoint, joining threads
+                print("exit went on", flush=True)
+    """)
+    try:
+        assert proc.stdout.readline().strip() == b"stepping"
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline().strip() == b"run ended"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        left = _reap(proc)
+    assert not left, left
+    assert b"exit went on" in out, (out, err.decode(errors="replace")[-3000:])
+    _only_the_interrupt(err)
+
+
+def test_a_second_ctrl_c_kills_workers_that_do_not_close(tmp_path: Path) -> None:
+    """First Ctrl-C: the vector env closes with its grace (here 10 minutes, its workers hung in a step); the second:
+    it kills them at once and the script ends, saying only ``KeyboardInterrupt``."""
+    proc = _start_script(tmp_path, "hurry.py", """
+        import numpy as np
+        import aiovec
+
+        async def main():
+            async with aiovec.make("aiovec/Fault-v0", 2, num_workers=2, placement="process", close_timeout=600.0,
+                                   fault="hang", at_step=1, hang_s=600.0) as venv:
+                await venv.reset(seed=0)
+                print("stepping", flush=True)
+                await venv.step(np.zeros(2, dtype=np.int64))
+
+        if __name__ == "__main__":
+            aiovec.run(main())
+    """)
+    try:
+        assert proc.stdout.readline().strip() == b"stepping"
+        time.sleep(0.3)  # the step hangs in both workers
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)  # closing: waiting out the grace
+        assert proc.poll() is None, "the first Ctrl-C did not wait for the workers to close"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        left = _reap(proc)
+    assert not left, left
+    _only_the_interrupt(err)
+
+
+def test_a_third_ctrl_c_interrupts_a_loop_that_never_yields(tmp_path: Path) -> None:
+    """Code that blocks the event loop cannot be cancelled: the first two presses only cancel the main task (nothing
+    happens yet), the third raises ``KeyboardInterrupt`` where the main thread is, as Python's own handler does."""
+    proc = _start_script(tmp_path, "blocked.py", """
+        import time
+        import aiovec
+
+        async def main():
+            print("blocking", flush=True)
+            time.sleep(600)  # never yields
+
+        if __name__ == "__main__":
+            aiovec.run(main())
+    """)
+    try:
+        assert proc.stdout.readline().strip() == b"blocking"
+        for _ in range(2):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+            assert proc.poll() is None, "a first or second Ctrl-C raised inside the blocking call"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        left = _reap(proc)
+    assert not left, left
+    _only_the_interrupt(err)
