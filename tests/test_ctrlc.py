@@ -6,11 +6,20 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+from collections.abc import Iterator
 
 import pytest
 
 import aiovec
 from aiovec import ctrlc as C
+
+
+@pytest.fixture(autouse=True)
+def python_default_sigint() -> Iterator[None]:
+    """Python's own handler, as an interactive script starts with (a shell's background job inherits SIG_IGN)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def press(handler: C.CtrlC) -> bool:
@@ -59,29 +68,21 @@ def test_presses_after_the_main_task_ended_are_counted_until_the_third() -> None
 
 
 def test_a_press_before_the_main_task_started_raises_at_once() -> None:
-    previous = signal.getsignal(signal.SIGINT)
     handler = C.CtrlC()
     handler.install()
-    try:
-        assert press(handler)
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    assert press(handler)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
 
 
 def test_after_an_interrupted_run_presses_are_counted_for_a_while_then_raise(monkeypatch: pytest.MonkeyPatch) -> None:
-    previous = signal.getsignal(signal.SIGINT)
     handler = C.CtrlC()
     handler.install()
-    try:
-        handler.finish(interrupted=True)
-        assert signal.getsignal(signal.SIGINT) is handler  # still held while the program exits
-        assert not press(handler)
-        monkeypatch.setattr(C, "QUIET_AFTER", 0.0)  # the window passed
-        assert press(handler)
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    handler.finish(interrupted=True)
+    assert signal.getsignal(signal.SIGINT) is handler  # still held while the program exits
+    assert not press(handler)
+    monkeypatch.setattr(C, "QUIET_AFTER", 0.0)  # the window passed
+    assert press(handler)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_run_that_was_not_interrupted_gives_sigint_back() -> None:
@@ -102,19 +103,18 @@ def test_a_run_that_was_not_interrupted_gives_sigint_back() -> None:
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_a_handler_the_application_installed_is_left_alone() -> None:
-    def mine(signum: int, frame: object) -> None:
-        pass
+def _mine(signum: int, frame: object) -> None:
+    pass
 
+
+@pytest.mark.parametrize("theirs", [_mine, signal.SIG_IGN], ids=["own handler", "ignored"])
+def test_a_handler_the_application_installed_is_left_alone(theirs: object) -> None:
     async def main() -> object:
         return signal.getsignal(signal.SIGINT)
 
-    previous = signal.signal(signal.SIGINT, mine)
-    try:
-        assert aiovec.run(main()) is mine
-        assert signal.getsignal(signal.SIGINT) is mine
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    signal.signal(signal.SIGINT, theirs)
+    assert aiovec.run(main()) is theirs
+    assert signal.getsignal(signal.SIGINT) is theirs
 
 
 def test_only_the_main_thread_installs() -> None:
