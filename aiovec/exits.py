@@ -39,6 +39,8 @@ import weakref
 from types import FrameType, TracebackType
 from typing import Any
 
+from . import ctrlc
+
 NO_GUARD_EXIT = 87  # a worker's exit status for "the main script started a vector env while being imported"
 SIGTERM_EXIT = 128 + signal.SIGTERM  # the shell's status for "ended by SIGTERM"
 
@@ -95,6 +97,8 @@ def _excepthook(kind: type[BaseException], exc: BaseException, tb: TracebackType
     ``asyncio.run`` at import time: :func:`refuse_main_reimport` is not on that path), the fork
     server or spawn calls this hook once ``_inheriting`` is cleared already, so the traceback tells.
     """
+    if issubclass(kind, KeyboardInterrupt):
+        ctrlc.quiet_exit()
     if _frames_in(tb, _is_main_reimport) and _frames_in(tb, _is_aiovec):
         _run_mp_finalizers()  # unlink the named semaphores this worker made, then leave without a word
         os._exit(NO_GUARD_EXIT)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import multiprocessing
 import threading
 from collections.abc import Callable, Coroutine, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from . import exits
+from . import ctrlc, exits
 from .errors import ClosedError, EnvError, StepTimeoutError, WorkerCrashedError
 from .loop import has_uvloop
 from .vecenv import AsyncVecEnv
@@ -90,13 +91,30 @@ class VectorEnv(gym.vector.VectorEnv):
         """After a failed (or interrupted) start: close what started, within the close grace period, then the loop."""
         self.closed = True
         try:
-            if self._thread.is_alive():
-                fut = asyncio.run_coroutine_threadsafe(self._venv.close(), self._loop)
-                fut.result(timeout=self._venv_close_bound())
+            self._shut(timeout=self._venv_close_bound())
         except BaseException:  # noqa: BLE001 - the start's own error is the one to report
             pass
-        finally:
-            self._stop_loop()
+
+    def _shut(self, timeout: float | None = None) -> ctrlc.Presses:
+        """Close the async vector env on the facade's loop (waiting at most ``timeout`` s), then stop the loop.
+
+        A Ctrl-C meanwhile (in the main thread) kills the workers at once (the close is cancelled, and a cancelled
+        close kills) instead of raising inside the wait: that stopped the loop with the close half done, the
+        workers' semaphores still held ("leaked semaphore objects" at exit). Returns the presses it took.
+        """
+        hurry = asyncio.Event()
+
+        def on_press() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed already: nothing left to hurry
+                self._loop.call_soon_threadsafe(hurry.set)
+
+        with ctrlc.hurrying(on_press) as presses:
+            try:
+                if self._thread.is_alive():
+                    asyncio.run_coroutine_threadsafe(_close_unless_hurried(self._venv, hurry), self._loop).result(timeout)
+            finally:
+                self._stop_loop()
+        return presses
 
     def _venv_close_bound(self) -> float:
         return float(getattr(self._venv, "close_timeout", None) or 5.0) + 10.0
@@ -291,13 +309,18 @@ class VectorEnv(gym.vector.VectorEnv):
         return asyncio.run_coroutine_threadsafe(_stats(self._venv), self._loop).result()
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Stop the workers, then the private loop and its thread (``close()`` calls this)."""
+        """Stop the workers, then the private loop and its thread (``close()`` calls this).
+
+        A Ctrl-C during it kills the workers at once; it is raised as ``KeyboardInterrupt`` once everything is
+        closed, unless an exception is unwinding already (``close()`` in a ``finally`` block after a Ctrl-C).
+        """
         try:
-            if self._thread.is_alive():
-                asyncio.run_coroutine_threadsafe(self._venv.close(), self._loop).result()
+            presses = self._shut()
         finally:
-            self._stop_loop()
+            self.closed = True  # gymnasium sets it after close_extras returns: not when a Ctrl-C is raised here
             exits.untrack(self)
+        if ctrlc.owe_interrupt(presses):
+            raise KeyboardInterrupt()
 
     def _stop_loop(self) -> None:
         if self._thread.is_alive():
@@ -314,7 +337,7 @@ class VectorEnv(gym.vector.VectorEnv):
                 self._close_from_loop_thread()
             else:
                 self.close()
-        except Exception:
+        except BaseException:  # noqa: BLE001 - raised in __del__, it would only be printed as ignored
             pass
 
     def _close_from_loop_thread(self) -> None:
@@ -331,6 +354,38 @@ class VectorEnv(gym.vector.VectorEnv):
                 loop.stop()
 
         loop.create_task(close_then_stop())
+
+
+async def _close_unless_hurried(venv: AsyncVecEnv, hurry: asyncio.Event) -> None:
+    """``venv.close()``, then the end of every other task on the facade's loop (a start, step or call the caller
+    stopped waiting for on Ctrl-C: left pending, it was destroyed with the loop, its clean-up cut short at exit).
+    Once ``hurry`` is set, whatever still runs is cancelled (a cancelled close kills the workers) and awaited."""
+    closing = asyncio.ensure_future(venv.close())
+    await _finish({closing}, hurry)
+    others = {t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()}
+    for task in others:
+        task.cancel()
+    await _finish(others, hurry)
+    if not closing.cancelled():
+        closing.result()
+
+
+async def _finish(tasks: set[asyncio.Future[Any]], hurry: asyncio.Event) -> None:
+    """Wait until ``tasks`` are done; if ``hurry`` is set first, cancel those still running and wait for them."""
+    pending = {t for t in tasks if not t.done()}
+    if not pending:
+        return
+    hurried = asyncio.ensure_future(hurry.wait())
+    try:
+        while pending and not hurried.done():
+            _, pending = await asyncio.wait(pending | {hurried}, return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(hurried)
+    finally:
+        hurried.cancel()
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending)
 
 
 async def _stats(venv: AsyncVecEnv) -> dict[str, Any]:

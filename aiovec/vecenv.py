@@ -427,7 +427,11 @@ class AsyncVecEnv:
                 # stay idle (not lost), so a later start() begins afresh.
                 pool.on_lost, pool.on_restart = _ignore_crash, None
                 pool.kill_all()
-                await pool.close(self.close_timeout)
+                try:
+                    await pool.close(self.close_timeout)
+                except BaseException:
+                    pool.abandon()  # cancelled again (a second Ctrl-C): start no more, leave nothing pending
+                    raise
                 raise
             if self._closed:  # close() ran while we were starting
                 await pool.close(self.close_timeout)

@@ -400,3 +400,36 @@ def test_a_third_ctrl_c_interrupts_a_loop_that_never_yields(tmp_path: Path) -> N
         left = _reap(proc)
     assert not left, left
     _only_the_interrupt(err)
+
+
+def test_ctrl_c_during_a_synchronous_close_kills_the_workers_and_raises_after(tmp_path: Path) -> None:
+    """``VectorEnv.close()`` waits out the grace for workers hung in a step (10 minutes here). A Ctrl-C meanwhile kills
+    them at once; the close still runs to its end (the facade's loop was stopped mid-close before: a close task
+    destroyed pending, its workers' semaphores left to the tracker), then the ``KeyboardInterrupt`` is raised."""
+    proc = _start_script(tmp_path, "sync_close.py", """
+        import numpy as np
+        import aiovec
+
+        if __name__ == "__main__":
+            envs = aiovec.make_vec("aiovec/Fault-v0", 2, num_workers=2, placement="process", close_timeout=600.0,
+                                   fault="hang", at_step=1, hang_s=600.0)
+            envs.reset(seed=0)
+            envs.step_async(np.zeros(2, dtype=np.int64))
+            print("closing", flush=True)
+            try:
+                envs.close()
+            finally:
+                print(f"closed: {envs.closed}", flush=True)
+    """)
+    try:
+        assert proc.stdout.readline().strip() == b"closing"
+        time.sleep(0.5)  # waiting out the grace
+        assert proc.poll() is None, "close() did not wait for the hung workers"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        left = _reap(proc)
+    assert not left, left
+    assert b"closed: True" in out, out
+    text = _only_the_interrupt(err)
+    assert "Task was destroyed" not in text and "resource_tracker" not in text, text
