@@ -280,6 +280,8 @@ class AsyncVecEnv:
         self._delivered: Any = None
         self._stats = Stats()
         self._starting: asyncio.Future[bool] | None = None  # True once started; False: the starter was cancelled
+        self._start_task: asyncio.Task | None = None  # the task running start() now; close() cancels it
+        self._start_stopped_by_close = False
         self._closed = False
         self._close_done: asyncio.Future[None] | None = None  # set when the first close() has finished
         self._all = np.arange(n)
@@ -403,6 +405,7 @@ class AsyncVecEnv:
             return
         loop = asyncio.get_running_loop()
         self._starting = loop.create_future()
+        self._start_task = asyncio.current_task()
         try:
             if self._probe is None:
                 probe = in_thread(self._probed)  # env 0's constructor may take seconds
@@ -449,13 +452,19 @@ class AsyncVecEnv:
                 self._control_task.add_done_callback(self._control_ended)
             self._starting.set_result(True)
         except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and self._start_stopped_by_close and _uncancel(self._start_task):
+                exc = ClosedError("the vector env was closed while starting")  # not this task's cancellation
             if isinstance(exc, asyncio.CancelledError):
                 self._starting.set_result(False)  # the cancellation is this task's, not the other waiters'
             else:
                 self._starting.set_exception(exc)
                 self._starting.exception()  # mark retrieved
             self._starting = None
+            if isinstance(exc, ClosedError):
+                raise exc from None
             raise
+        finally:
+            self._start_task = None
 
     def _probe_places(self) -> bool:
         """Whether env 0's probe decides the placement (inline, hybrid or processes): everything left to "auto"."""
@@ -538,6 +547,12 @@ class AsyncVecEnv:
         pool = None
         try:
             self._notify()
+            starter = self._start_task
+            if starter is not None and not starter.done() and starter is not asyncio.current_task():
+                # Workers still being started would outlive this close: stop the start (its caller gets ClosedError).
+                self._start_stopped_by_close = True
+                starter.cancel()
+                await asyncio.wait((starter,))
             if self._control_task is not None:
                 self._control_task.cancel()
                 await asyncio.gather(self._control_task, return_exceptions=True)
@@ -1377,6 +1392,12 @@ def _pickle_factories(env_fns: list[Callable[[], gym.Env]]) -> list[bytes]:
             cache[id(fn)] = data
         out.append(data)
     return out
+
+
+def _uncancel(task: asyncio.Task | None) -> bool:
+    """Take back one cancellation of ``task``; whether none is left (Python < 3.11 cannot count: True)."""
+    uncancel = getattr(task, "uncancel", None)
+    return uncancel is None or uncancel() == 0
 
 
 def _ignore_crash(err: WorkerCrashedError) -> None:

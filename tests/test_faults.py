@@ -358,6 +358,31 @@ def test_close_with_steps_in_flight_has_released_everything_when_it_returns(run,
     assert_clean(clean)
 
 
+def _slow_to_make(delay_s: float) -> gym.Env:
+    time.sleep(delay_s)
+    return gym.make("CartPole-v1")
+
+
+@pytest.mark.parametrize("pause_s", [0.3, 1.4], ids=["probing env 0", "starting workers"])
+def test_close_while_another_task_starts_the_workers_stops_the_start(run, clean, pause_s: float) -> None:
+    """``close()`` from one task while another is still starting the vector env (each env takes 1 s to make: env 0's
+    probe, then the workers): the start is stopped, its caller gets ``ClosedError``, and when ``close()`` returns
+    nothing of it is left (the start used to go on forking workers after ``close()`` had returned)."""
+
+    async def main() -> None:
+        venv = AsyncVecEnv([functools.partial(_slow_to_make, 1.0)] * 4, num_workers=4, placement="process")
+        starting = asyncio.ensure_future(venv.reset(seed=0))
+        await asyncio.sleep(pause_s)
+        assert not starting.done()  # the start takes 2 s at least
+        await wait(venv.close())
+        assert starting.done()
+        with pytest.raises(aiovec.ClosedError, match="closed while starting"):
+            starting.result()
+
+    run(main())
+    assert_clean(clean)
+
+
 def _running(pid: int | None) -> bool:
     try:
         return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
