@@ -143,7 +143,8 @@ class Presses:
 @contextlib.contextmanager
 def hurrying(on_press: Callable[[], None]) -> Iterator[Presses]:
     """While the main thread waits for a close: a Ctrl-C calls ``on_press`` (kill the workers now) and is counted,
-    instead of raising ``KeyboardInterrupt`` inside the wait and leaving the close half done.
+    instead of raising ``KeyboardInterrupt`` inside the wait and leaving the close half done. The third press
+    raises as Python's own handler does: the way out of a close that something else holds up.
 
     Does nothing outside the main thread or where the application handles SIGINT itself. The caller decides what
     the counted presses mean once the close is through (:func:`owe_interrupt`). ``on_press`` runs in the signal
@@ -157,6 +158,8 @@ def hurrying(on_press: Callable[[], None]) -> Iterator[Presses]:
 
     def handler(signum: int, frame: FrameType | None) -> None:
         presses.count += 1
+        if presses.count >= FORCE_AT:
+            raise KeyboardInterrupt()
         on_press()
 
     signal.signal(signal.SIGINT, handler)

@@ -123,3 +123,22 @@ def test_only_the_main_thread_installs() -> None:
     t.start()
     t.join()
     assert seen == [False] and C.CtrlC.can_install()
+
+
+def test_presses_while_a_close_waits_hurry_it_twice_then_raise() -> None:
+    hurried: list[int] = []
+    raised = []
+    with C.hurrying(lambda: hurried.append(1)) as presses:
+        handler = signal.getsignal(signal.SIGINT)
+        for _ in range(3):
+            try:
+                handler(signal.SIGINT, None)
+            except KeyboardInterrupt:
+                raised.append(presses.count)
+    assert hurried == [1, 1] and raised == [3] and presses.count == 3
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+    assert C.owe_interrupt(presses)
+    try:
+        raise RuntimeError("unwinding")
+    except RuntimeError:
+        assert not C.owe_interrupt(presses)  # an exception is being handled: no second traceback
