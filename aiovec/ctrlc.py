@@ -91,11 +91,12 @@ class CtrlC:
 
     @staticmethod
     def can_install() -> bool:
-        """In the main thread, with SIGINT at Python's default handler (or a handler an earlier run left)."""
+        """In the main thread, with SIGINT at Python's default handler or at one an earlier, ended run left (not over
+        a run still going: ``aiovec.run`` called inside it fails, and must not take its Ctrl-C away)."""
         if threading.current_thread() is not threading.main_thread():
             return False
         current = signal.getsignal(signal.SIGINT)
-        return current is signal.default_int_handler or isinstance(current, CtrlC)
+        return current is signal.default_int_handler or (isinstance(current, CtrlC) and current.phase is Phase.ENDED)
 
     def install(self) -> None:
         signal.signal(signal.SIGINT, self)

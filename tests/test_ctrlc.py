@@ -142,3 +142,19 @@ def test_presses_while_a_close_waits_hurry_it_twice_then_raise() -> None:
         raise RuntimeError("unwinding")
     except RuntimeError:
         assert not C.owe_interrupt(presses)  # an exception is being handled: no second traceback
+
+
+def test_run_called_inside_a_run_fails_and_leaves_the_outer_runs_handler() -> None:
+    async def inner() -> None:
+        await asyncio.sleep(0)
+
+    async def outer() -> bool:
+        mine = signal.getsignal(signal.SIGINT)
+        coro = inner()
+        with pytest.raises(RuntimeError, match="running event loop"):
+            aiovec.run(coro)
+        coro.close()
+        return signal.getsignal(signal.SIGINT) is mine and isinstance(mine, C.CtrlC)
+
+    assert aiovec.run(outer())
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
