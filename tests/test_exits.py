@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -306,6 +307,18 @@ def _only_the_interrupt(err: bytes) -> str:
     return text
 
 
+def _interrupted(proc: subprocess.Popen, presses: Callable[[], None]) -> tuple[bytes, str]:
+    """Press Ctrl-C at the started script (``presses``), let it end, check that nothing of its session is left and
+    that it printed only the one ``KeyboardInterrupt``; its stdout and stderr."""
+    try:
+        presses()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        left = _reap(proc)
+    assert not left, left
+    return out, _only_the_interrupt(err)
+
+
 def test_a_second_ctrl_c_after_run_raised_lets_the_exit_finish(tmp_path: Path) -> None:
     """The second Ctrl-C of a double press often lands once ``aiovec.run`` has raised already, while the script's own
     ``finally`` blocks, multiprocessing's finalizers and the interpreter's exit run: it is only counted there, so
@@ -330,17 +343,15 @@ def test_a_second_ctrl_c_after_run_raised_lets_the_exit_finish(tmp_path: Path) -
                 time.sleep(0.5)  # stands for an exit that takes a while: saving a checkpoint, joining threads
                 print("exit went on", flush=True)
     """)
-    try:
+
+    def presses() -> None:
         assert proc.stdout.readline().strip() == b"stepping"
         proc.send_signal(signal.SIGINT)
         assert proc.stdout.readline().strip() == b"run ended"
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        left = _reap(proc)
-    assert not left, left
-    assert b"exit went on" in out, (out, err.decode(errors="replace")[-3000:])
-    _only_the_interrupt(err)
+
+    out, _ = _interrupted(proc, presses)
+    assert b"exit went on" in out, out
 
 
 def test_a_second_ctrl_c_kills_workers_that_do_not_close(tmp_path: Path) -> None:
@@ -360,18 +371,16 @@ def test_a_second_ctrl_c_kills_workers_that_do_not_close(tmp_path: Path) -> None
         if __name__ == "__main__":
             aiovec.run(main())
     """)
-    try:
+
+    def presses() -> None:
         assert proc.stdout.readline().strip() == b"stepping"
         time.sleep(0.3)  # the step hangs in both workers
         proc.send_signal(signal.SIGINT)
         time.sleep(0.5)  # closing: waiting out the grace
         assert proc.poll() is None, "the first Ctrl-C did not wait for the workers to close"
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        left = _reap(proc)
-    assert not left, left
-    _only_the_interrupt(err)
+
+    _interrupted(proc, presses)
 
 
 def test_a_third_ctrl_c_interrupts_a_loop_that_never_yields(tmp_path: Path) -> None:
@@ -388,18 +397,16 @@ def test_a_third_ctrl_c_interrupts_a_loop_that_never_yields(tmp_path: Path) -> N
         if __name__ == "__main__":
             aiovec.run(main())
     """)
-    try:
+
+    def presses() -> None:
         assert proc.stdout.readline().strip() == b"blocking"
         for _ in range(2):
             proc.send_signal(signal.SIGINT)
             time.sleep(0.3)
             assert proc.poll() is None, "a first or second Ctrl-C raised inside the blocking call"
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        left = _reap(proc)
-    assert not left, left
-    _only_the_interrupt(err)
+
+    _interrupted(proc, presses)
 
 
 def test_ctrl_c_during_a_synchronous_close_kills_the_workers_and_raises_after(tmp_path: Path) -> None:
@@ -421,15 +428,13 @@ def test_ctrl_c_during_a_synchronous_close_kills_the_workers_and_raises_after(tm
             finally:
                 print(f"closed: {envs.closed}", flush=True)
     """)
-    try:
+
+    def presses() -> None:
         assert proc.stdout.readline().strip() == b"closing"
         time.sleep(0.5)  # waiting out the grace
         assert proc.poll() is None, "close() did not wait for the hung workers"
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        left = _reap(proc)
-    assert not left, left
+
+    out, err = _interrupted(proc, presses)
     assert b"closed: True" in out, out
-    text = _only_the_interrupt(err)
-    assert "Task was destroyed" not in text and "resource_tracker" not in text, text
+    assert "Task was destroyed" not in err and "resource_tracker" not in err, err
