@@ -36,19 +36,22 @@ _FAST_FRAME_SIZE = _FAST_FRAME.size
 _live: weakref.WeakSet[ProcessWorker] = weakref.WeakSet()
 
 
+_managers: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # every worker's executor thread, until it ends
+
+
 def _kill_all_at_exit() -> None:
     # Runs before concurrent.futures joins its executor threads at interpreter exit;
     # without it a never-closed vector env would hang the interpreter on exit.
-    workers = list(_live)
-    for w in workers:
+    for w in list(_live):
         w.kill()
     # Let each executor's thread see its process die and close its wakeup pipe before
     # concurrent.futures' own exit hook writes to that pipe: otherwise the two race and the
     # hook prints "OSError: [Errno 9] Bad file descriptor" (an executor thread that closed
-    # the pipe between the hook's closed-check and its write).
-    for w in workers:
-        thread = w._manager
-        if thread is not None and thread is not threading.current_thread():
+    # the pipe between the hook's closed-check and its write). All of them, not only those of
+    # workers still live: a close cut short (a second Ctrl-C: killed, their stop() cancelled)
+    # leaves threads still reaping processes that are no longer tracked as workers.
+    for thread in list(_managers):
+        if thread is not threading.current_thread():
             thread.join(timeout=5.0)
 
 
@@ -139,6 +142,8 @@ class ProcessWorker(WorkerHandle):
             serve = executor.submit(worker_side.serve, *args)
             process = next(iter(executor._processes.values()))  # type: ignore[attr-defined]
             manager = getattr(executor, "_executor_manager_thread", None)
+            if manager is not None:
+                _managers.add(manager)
         except BaseException as exc:
             error = exc
         finally:
