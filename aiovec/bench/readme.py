@@ -51,8 +51,10 @@ def controller_block(path: Path) -> str:
 
     r = json.loads(path.read_text())
     res = r["results"]
+    window = (f"; each run counted {r['window_s']:g} s after a warm-up of {r['warm_s']:g} s (static) or {r['warm_auto_s']:g} s "
+              "(adaptive)") if "window_s" in r else ""
     head = (f"{r.get('cpus')} CPUs; {len(next(iter(res.values()))['adaptive']['samples'])} interleaved rounds per scenario, "
-            "every static setting and the adaptive run once per round; medians [ranges]. Lock-step unless marked "
+            f"every static setting and the adaptive run once per round{window}; medians [ranges]. Lock-step unless marked "
             "first-finished; the cost change counts its whole schedule. Intervals to settle: control intervals from start "
             "until the configuration stops changing (a reverted probe counts as holding), per round. The targets, as the "
             "issue defines them: adaptive's median over the best static median (the best of the settings' medians), and "
