@@ -62,3 +62,30 @@ def test_the_best_static_setting_run_again_in_the_adaptive_window_is_shown_besid
     verdict = targets({"wait64": r})[0]
     assert verdict.startswith("FAIL wait64: median of runs 0.89x"), verdict
     assert verdict.endswith("the best static setting run again in the adaptive's window: median 0.93x, runs 0.91-0.95x)"), verdict
+
+
+def test_the_readme_block_states_the_counted_window_and_still_renders_results_written_before_it(tmp_path) -> None:
+    """The table's head says how long each run was counted after which warm-up (from the JSON the run wrote); a
+    JSON written before those fields existed renders without the sentence rather than failing."""
+    import json
+    from pathlib import Path
+
+    from aiovec.bench.readme import controller_block
+
+    r = {"elapsed_s": 1.0, "cpus": 2, "warm_s": 0.5, "warm_auto_s": 3.0, "window_s": 4.0, "results": {
+        "cpu": {**_result({"2p x 1t": [1800, 1700, 1750], "inline": [950, 960, 940]}, [1720, 1760, 1700]),
+                "title": "heavy CPU-bound", "num_envs": 8, "lockstep": True,
+                "static": {"2p x 1t": {"median": 1750, "samples": [1800, 1700, 1750]},
+                           "inline": {"median": 950, "samples": [950, 960, 940]}},
+                "best_static": "2p x 1t"}}}
+    r["results"]["cpu"]["adaptive"].update({"median": 1720, "final": ["2p x 1t"] * 3, "readapt_intervals": [[], [], []]})
+    path = tmp_path / "controller.json"
+    path.write_text(json.dumps(r))
+    block = controller_block(Path(path))
+    assert "each run counted 4 s after a warm-up of 0.5 s (static) or 3 s (adaptive)" in block, block[:400]
+    assert "| heavy CPU-bound | 8 | 2p x 1t |" in block
+    for k in ("warm_s", "warm_auto_s", "window_s"):
+        del r[k]
+    path.write_text(json.dumps(r))
+    old = controller_block(Path(path))
+    assert "counted" not in old.split("\n")[0].split("; medians")[0] and "| heavy CPU-bound | 8 | 2p x 1t |" in old
