@@ -8,14 +8,12 @@ figure is the median of its rounds; best static is the best median. Ratios are
 adaptive / best static, per round (against that round's best) and of the medians; the targets
 read, as the issue defines them, the ratio of medians and each adaptive run over the best median.
 
-Every run starts its own vector env, steps ``warm`` seconds uncounted (0.5 s; the adaptive run
-gets 3 s: it must converge there, within 10 control intervals) and then counts ``seconds`` (4 s: on a
-noisy 2-CPU host CartPole's steps/s swung 43-80k between half-seconds of one run, and 2-s windows of the same
-run 48-73k; the verdicts must not rest on which two seconds the host was quiet in). At the end of each round the setting with the best median so far runs once more in the
-adaptive run's slot (its warm-up and counted window): what a controller that knew that setting from the start
-would show against the same medians, the floor of any controller's figures in that run, never counted as a
-pass. A scenario whose env cost changes counts the whole schedule from its
-start, for static and adaptive alike; the schedule's start time is in the envs' kwargs (an env
+Every run starts its own vector env, steps :data:`STATIC_WARM_S` uncounted (the adaptive run gets ``warm``, 3 s:
+it must converge there, within 10 control intervals) and then counts :data:`WINDOW_S`. At the end of each round the
+setting with the best median so far runs once more in the adaptive run's slot (its warm-up and counted window):
+what a controller that knew that setting from the start would show against the same medians, the floor of any
+controller's figures in that run, never counted as a pass. A scenario whose env cost changes counts the whole
+schedule from its start, for static and adaptive alike; the schedule's start time is in the envs' kwargs (an env
 that moves to another worker is built again from them), a few seconds after the vector env is
 made, so it starts when the run is ready. Its re-adaptation is counted per change of cost: control
 intervals from the change until the configuration stops changing in that phase.
@@ -101,7 +99,12 @@ PHASE_LEAD_S = 3.0
 """A changing env's schedule starts this long after the vector env is made (start-up and reset fit in it)."""
 
 WINDOW_S = 4.0
-"""Seconds each run counts (see the module doc); ``--duration`` overrides it."""
+"""Seconds each run counts; ``--duration`` overrides it. Not 2: on a noisy 2-CPU host one 8-s run of CartPole x16
+stepped 43-80k steps/s between half-seconds and 48-73k between its 2-s windows, so a 2-s verdict said mostly which two
+seconds the host was quiet in."""
+
+STATIC_WARM_S = 0.5
+"""Seconds a static setting steps uncounted (at most the adaptive run's warm-up)."""
 
 
 def _env_kwargs(s: Scenario, start: float) -> dict:
@@ -262,7 +265,7 @@ def run_scenario(s: Scenario, repeats: int, warm: float, seconds: float, log: An
         warm_static = warm_auto = 0.0
         seconds = sum(p[0] for p in s.phases or [])
     else:
-        warm_static, warm_auto = min(warm, 0.5), warm
+        warm_static, warm_auto = min(warm, STATIC_WARM_S), warm
     samples: dict[str, list[float]] = {c.label: [] for c in grid}
     by_label = {c.label: c for c in grid}
     auto: list[dict[str, Any]] = []
@@ -417,5 +420,5 @@ def main(quick: bool = False, repeats: int | None = None, duration: float | None
 def _write(out: str, results: dict[str, Any], t0: float, warm: float, seconds: float) -> None:
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:
-        json.dump({"elapsed_s": time.perf_counter() - t0, "cpus": os.cpu_count(), "warm_s": min(warm, 0.5),
+        json.dump({"elapsed_s": time.perf_counter() - t0, "cpus": os.cpu_count(), "warm_s": min(warm, STATIC_WARM_S),
                    "warm_auto_s": warm, "window_s": seconds, "results": results}, f, indent=1, default=str)
