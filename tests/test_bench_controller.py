@@ -89,3 +89,27 @@ def test_the_readme_block_states_the_counted_window_and_still_renders_results_wr
     path.write_text(json.dumps(r))
     old = controller_block(Path(path))
     assert "counted" not in old.split("\n")[0].split("; medians")[0] and "| heavy CPU-bound | 8 | 2p x 1t |" in old
+
+
+def test_the_floor_tally_holds_the_best_static_setting_run_again_to_the_same_checks_and_names_what_it_does_not_explain() -> None:
+    """Each throughput check is read twice: off the adaptive runs, and off the runs of the best setting repeated in the
+    adaptive's window (a controller that knew it from the start). A miss the floor shares is the host's; one the
+    floor meets is named. The process cap is read off the repeated settings' labels (hybrid counts its worker)."""
+    from aiovec.bench.controller import floor_checks, floor_tally
+
+    cheap = _result({"inline + 1p": [90000, 80000, 70000], "inline": [78000, 79000, 77000]}, [60000, 85000, 79000])
+    cheap["best_static_rerun"] = {"settings": ["inline + 1p", "inline", "inline + 1p"], "samples": [81000, 84000, 79000]}
+    wait64 = _result({"8p x 8t": [8000, 8400, 7000], "16p x 4t": [7900, 7000, 8300]}, [7600, 8100, 7900])
+    wait64["max_processes"] = 16
+    wait64["adaptive"]["processes"] = [6, 8, 6]
+    wait64["best_static_rerun"] = {"settings": ["8p x 8t", "32p x 2t", "8p x 8t"], "samples": [7000, 8300, 8100]}
+    cpu = _result({"2p x 1t": [2000, 2000, 2000]}, [1990, 1980, 2010])
+    checks = floor_checks({"cheap": cheap, "wait64": wait64, "cpu": cpu})
+    assert checks == [("cheap median and each run", False, True), ("wait64 median and each run", True, False),
+                      ("wait64 processes", True, False)], checks  # cpu: no runs again, no floor
+    tally = floor_tally({"cheap": cheap, "wait64": wait64})
+    assert tally.startswith("Throughput checks: the adaptive met 2 of 3; the best static setting run again in the "
+                            "adaptive's window, held to the same checks, met 1 of 3."), tally
+    assert tally.endswith("Missed by the adaptive where that floor met them: cheap median and each run; met by the "
+                          "adaptive where that floor missed them: wait64 median and each run, wait64 processes."), tally
+    assert floor_tally({"cpu": cpu}) == ""

@@ -12,7 +12,8 @@ Every run starts its own vector env, steps :data:`STATIC_WARM_S` uncounted (the 
 it must converge there, within 10 control intervals) and then counts :data:`WINDOW_S`. At the end of each round the
 setting with the best median so far runs once more in the adaptive run's slot (its warm-up and counted window):
 what a controller that knew that setting from the start would show against the same medians, the floor of any
-controller's figures in that run, never counted as a pass. A scenario whose env cost changes counts the whole
+controller's figures in that run, never counted as a pass; :func:`floor_tally` holds those runs to the same
+throughput checks and names the adaptive's misses they do not share. A scenario whose env cost changes counts the whole
 schedule from its start, for static and adaptive alike; the schedule's start time is in the envs' kwargs (an env
 that moves to another worker is built again from them), a few seconds after the vector env is
 made, so it starts when the run is ready. Its re-adaptation is counted per change of cost: control
@@ -364,6 +365,52 @@ def _rerun(r: dict[str, Any]) -> str:
             f"runs {min(ratios):.2f}-{max(ratios):.2f}x")
 
 
+def _processes(label: str) -> int:
+    """Worker processes of a setting named by its label (``inline``: 0, ``inline + 1p``: 1, ``8p x 8t``: 8)."""
+    if label == "inline":
+        return 0
+    if label.startswith("inline + "):
+        return int(label.removeprefix("inline + ").removesuffix("p"))
+    return int(label.split("p x ")[0])
+
+
+def floor_checks(results: dict[str, Any]) -> list[tuple[str, bool, bool]]:
+    """The throughput checks of :func:`targets`, each as ``(check, the adaptive met it, the best static setting run
+    again in the adaptive's window met it)``: the second is the floor, what a controller that held the best setting
+    from its first step would have shown in the same slots (results without those runs give none)."""
+    out = []
+    for key, r in results.items():
+        again = rerun_ratios(r)
+        if not again:
+            continue
+        per = per_run(r)
+        if r["whole_run"]:
+            out.append((f"{key} whole run", r["ratio_of_medians"] >= 1.0, statistics.median(again) >= 1.0))
+            continue
+        out.append((f"{key} median and each run", r["ratio_of_medians"] >= 0.95 and min(per) >= 0.9,
+                    statistics.median(again) >= 0.95 and min(again) >= 0.9))
+        if r["max_processes"] is not None:
+            used = max(_processes(s) for s in r["best_static_rerun"]["settings"])
+            out.append((f"{key} processes", max(r["adaptive"]["processes"]) <= r["max_processes"] and min(per) >= 0.9,
+                        used <= r["max_processes"] and min(again) >= 0.9))
+    return out
+
+
+def floor_tally(results: dict[str, Any]) -> str:
+    """How many throughput checks the adaptive met, how many the best static setting run again in its window met (the
+    floor), which misses that floor does not explain and which checks the adaptive met where the floor did not.
+    Empty without those runs."""
+    checks = floor_checks(results)
+    if not checks:
+        return ""
+    unexplained = [c for c, ours, floor in checks if floor and not ours]
+    beyond = [c for c, ours, floor in checks if ours and not floor]
+    return (f"Throughput checks: the adaptive met {sum(ours for _, ours, _ in checks)} of {len(checks)}; the best static "
+            f"setting run again in the adaptive's window, held to the same checks, met {sum(f for _, _, f in checks)} of "
+            f"{len(checks)}. Missed by the adaptive where that floor met them: {', '.join(unexplained) or 'none'}; met by "
+            f"the adaptive where that floor missed them: {', '.join(beyond) or 'none'}.")
+
+
 def targets(results: dict[str, Any]) -> list[str]:
     """The issue's targets, each with the measurement that decides it: adaptive's median over the best static median
     (the best of the settings' medians), each adaptive run over that same median (:func:`per_run`)."""
@@ -411,6 +458,8 @@ def main(quick: bool = False, repeats: int | None = None, duration: float | None
             _write(out, results, t0, warm, seconds)
     print("\n" + table(results))
     print("\n" + "\n".join(targets(results)))
+    if floor_tally(results):
+        print(floor_tally(results))
     print(f"\n{time.perf_counter() - t0:.0f} s in all")
     if out:
         _write(out, results, t0, warm, seconds)

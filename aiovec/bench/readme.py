@@ -47,7 +47,7 @@ def v2_block(path: Path) -> str:
 
 
 def controller_block(path: Path) -> str:
-    from .controller import table, targets
+    from .controller import floor_tally, table, targets
 
     r = json.loads(path.read_text())
     res = r["results"]
@@ -66,6 +66,9 @@ def controller_block(path: Path) -> str:
     readapt = [f"{k}: {v['adaptive']['readapt_intervals']}" for k, v in res.items() if any(v["adaptive"].get("readapt_intervals") or [])]
     tail = [""] + (["Re-adaptation, control intervals after each change of cost, per round: " + "; ".join(readapt) + ".", ""]
                    if readapt else []) + ["Targets:"] + [f"- [{'x' if t.startswith('PASS') else ' '}] {t[5:]}" for t in targets(res)]
+    tally = floor_tally(res)
+    if tally:
+        tail.append("\n" + tally)
     tail.append(f"\nWhole run: {r['elapsed_s']:.0f} s.")
     return head + "\n\n" + table(res) + "\n" + "\n".join(tail)
 
