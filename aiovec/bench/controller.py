@@ -374,6 +374,21 @@ def _processes(label: str) -> int:
     return int(label.split("p x ")[0])
 
 
+def _meets_median_and_runs(median: float, runs: list[float]) -> bool:
+    """The issue's throughput target: the median at least 0.95x the best static median, and each run at least 0.9x."""
+    return median >= 0.95 and min(runs) >= 0.9
+
+
+def _meets_whole_run(median: float) -> bool:
+    """The target for a cost that changes: over the whole run, at least the best static median."""
+    return median >= 1.0
+
+
+def _meets_processes(processes: int, cap: int, runs: list[float]) -> bool:
+    """At most ``cap`` worker processes, every run at least 0.9x."""
+    return processes <= cap and min(runs) >= 0.9
+
+
 def floor_checks(results: dict[str, Any]) -> list[tuple[str, bool, bool]]:
     """The throughput checks of :func:`targets`, each as ``(check, the adaptive met it, the best static setting run
     again in the adaptive's window met it)``: the second is the floor, what a controller that held the best setting
@@ -385,14 +400,14 @@ def floor_checks(results: dict[str, Any]) -> list[tuple[str, bool, bool]]:
             continue
         per = per_run(r)
         if r["whole_run"]:
-            out.append((f"{key} whole run", r["ratio_of_medians"] >= 1.0, statistics.median(again) >= 1.0))
+            out.append((f"{key} whole run", _meets_whole_run(r["ratio_of_medians"]), _meets_whole_run(statistics.median(again))))
             continue
-        out.append((f"{key} median and each run", r["ratio_of_medians"] >= 0.95 and min(per) >= 0.9,
-                    statistics.median(again) >= 0.95 and min(again) >= 0.9))
+        out.append((f"{key} median and each run", _meets_median_and_runs(r["ratio_of_medians"], per),
+                    _meets_median_and_runs(statistics.median(again), again)))
         if r["max_processes"] is not None:
             used = max(_processes(s) for s in r["best_static_rerun"]["settings"])
-            out.append((f"{key} processes", max(r["adaptive"]["processes"]) <= r["max_processes"] and min(per) >= 0.9,
-                        used <= r["max_processes"] and min(again) >= 0.9))
+            out.append((f"{key} processes", _meets_processes(max(r["adaptive"]["processes"]), r["max_processes"], per),
+                        _meets_processes(used, r["max_processes"], again)))
     return out
 
 
@@ -418,15 +433,15 @@ def targets(results: dict[str, Any]) -> list[str]:
     for key, r in results.items():
         per = per_run(r)
         if r["whole_run"]:
-            ok = r["ratio_of_medians"] >= 1.0
+            ok = _meets_whole_run(r["ratio_of_medians"])
             out.append(f"{'PASS' if ok else 'FAIL'} {key}: whole-run median ratio {r['ratio_of_medians']:.2f}x >= 1.00x{_rerun(r)}")
         else:
-            ok = r["ratio_of_medians"] >= 0.95 and min(per) >= 0.9
+            ok = _meets_median_and_runs(r["ratio_of_medians"], per)
             out.append(f"{'PASS' if ok else 'FAIL'} {key}: median of runs {r['ratio_of_medians']:.2f}x >= 0.95x the best static "
                        f"median, each run >= 0.90x (min {min(per):.2f}x{_floor(r)}{_rerun(r)})")
         if r["max_processes"] is not None:
             procs = max(r["adaptive"]["processes"])
-            ok = procs <= r["max_processes"] and min(per) >= 0.9
+            ok = _meets_processes(procs, r["max_processes"], per)
             out.append(f"{'PASS' if ok else 'FAIL'} {key}: at most {r['max_processes']} processes (used {procs}) at >= 0.9x")
         conv = r["adaptive"]["converged_after_intervals"]
         if not r["whole_run"]:
@@ -458,8 +473,9 @@ def main(quick: bool = False, repeats: int | None = None, duration: float | None
             _write(out, results, t0, warm, seconds)
     print("\n" + table(results))
     print("\n" + "\n".join(targets(results)))
-    if floor_tally(results):
-        print(floor_tally(results))
+    tally = floor_tally(results)
+    if tally:
+        print(tally)
     print(f"\n{time.perf_counter() - t0:.0f} s in all")
     if out:
         _write(out, results, t0, warm, seconds)
