@@ -895,8 +895,12 @@ def test_env_threads_default_is_the_controllers_and_an_explicit_one_is_fixed(cle
 
 @pytest.mark.slow
 def test_inline_start_moves_to_processes_when_the_env_turns_costly_and_back(clean) -> None:
-    """Cheap envs start inline under the controller; 1 ms of CPU a step breaks the inline rung's loop-hold limit
-    (and one core's worth of throughput), so they move to processes; cheap again, they come back inline."""
+    """Cheap envs start in this process under the controller; 1 ms of CPU a step breaks the inline rung's loop-hold
+    limit (and one core's worth of throughput), so they move to processes; cheap again, they come back inline.
+
+    The start is the probe's guess from one cold env's timing against the host's pace (``choose_placement``): inline,
+    or hybrid where the probe read slow, whereupon the controller looks at inline within its first intervals (a fresh
+    CI machine started this hybrid once in ~20 runs). What is asserted is where the controller takes the envs."""
     cheap, costly = 2.0, 4.0
     # Before start_time the schedule wraps to its last phase (cheap, like the first). The start time is in the
     # env's kwargs, not set_attr: an env that moves to another worker is built again from them.
@@ -915,7 +919,7 @@ def test_inline_start_moves_to_processes_when_the_env_turns_costly_and_back(clea
 
     start, hist, t_phase0 = aiovec.run(main())
     trace = [(round(h["t"] - t_phase0, 2), h["config"], h["reason"][:90]) for h in hist]
-    assert start == "inline", trace
+    assert start in ("inline", "hybrid"), trace
     in_costly = [h for h in hist if cheap + 0.5 < h["t"] - t_phase0 < cheap + costly]
     after = [h for h in hist if h["t"] - t_phase0 > cheap + costly + 2.5]
     assert any(h["placement"] == "process" for h in in_costly), trace
