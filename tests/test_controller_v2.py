@@ -899,8 +899,9 @@ def test_inline_start_moves_to_processes_when_the_env_turns_costly_and_back(clea
     limit (and one core's worth of throughput), so they move to processes; cheap again, they come back inline.
 
     The start is the probe's guess from one cold env's timing against the host's pace (``choose_placement``): inline,
-    or hybrid where the probe read slow, whereupon the controller looks at inline within its first intervals (a fresh
-    CI machine started this hybrid once in ~20 runs). What is asserted is where the controller takes the envs."""
+    or hybrid where the probe read slow, whereupon the controller looks at inline within its first intervals (a CI dry
+    run on a fresh clone started hybrid once, its controller at inline 1.4 s later). What is asserted is where the
+    controller takes the envs."""
     cheap, costly = 2.0, 4.0
     # Before start_time the schedule wraps to its last phase (cheap, like the first). The start time is in the
     # env's kwargs, not set_attr: an env that moves to another worker is built again from them.
