@@ -153,6 +153,14 @@ def test_a_costlier_move_must_gain_more_than_its_intervals_scatter() -> None:
     dipped = run([1.10 * rate, 1.10 * rate * 0.91, 1.10 * rate])
     assert "again" in dipped[-2].reason, [d.reason for d in dipped]
     assert all("revert" not in d.reason for d in dipped), [d.reason for d in dipped]
+    # A 13% gain whose first interval read low (a threads move still running commands sent before it) and whose
+    # three intervals lie 18% apart: the median of three ignores the one out of line, and so does the bar.
+    first_low = run([1.13 * rate * 0.918, 1.13 * rate * 1.095, 1.13 * rate])
+    assert "again" in first_low[-2].reason, [d.reason for d in first_low]
+    assert all("revert" not in d.reason for d in first_low), [d.reason for d in first_low]
+    # The same spread around a 4% gain is still noise: the two intervals nearest the median lie 8% apart.
+    noisier = run([1.04 * rate * 0.92, 1.04 * rate * 1.08, 1.04 * rate])
+    assert noisier[-1].target == start.processes and "revert" in noisier[-1].reason, [d.reason for d in noisier]
 
 
 def test_more_processes_on_the_models_word_must_promise_more_than_a_thread_change() -> None:
