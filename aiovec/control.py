@@ -15,6 +15,7 @@ A v1 controller's decision (threads and placement None) changes only the process
 from __future__ import annotations
 
 import asyncio
+import enum
 import os
 import random
 import statistics
@@ -25,12 +26,20 @@ from typing import TYPE_CHECKING, Any
 
 from .autoconf import python_pace
 from .controller import Controller, Decision, Measurement
-from .hostload import HostLoad, LoadSample
+from .hostload import HostLoad, LoadSample, read_proc
 from .machine import available_cpus
 from .measured import config_of
 
 if TYPE_CHECKING:
     from .vecenv import AsyncVecEnv
+
+
+class Applied(enum.Enum):
+    """What :meth:`ControlLoop.apply` changed."""
+
+    NOTHING = enum.auto()  # the decision holds the configuration
+    THREADS = enum.auto()  # threads per worker process (instant: a TUNE to each worker)
+    MOVE = enum.auto()  # placement or processes: envs move at episode boundaries, the next intervals settle
 
 
 @dataclass
@@ -59,8 +68,7 @@ def _task_runq(pids: list[int]) -> dict[int, float]:
         try:
             total = 0
             for tid in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                    total += int(f.read().split()[1])
+                total += int(read_proc(f"/proc/{pid}/task/{tid}/schedstat").split()[1])
             out[pid] = total / 1e9
         except (OSError, ValueError, IndexError):
             continue
@@ -165,22 +173,23 @@ class ControlLoop:
         before, self._load_before = self._load_before, a
         return HostLoad.foreign_cpus(before if before is not None and before.t < a.t else a, b)
 
-    async def apply(self, m: Measurement, d: Decision) -> bool:
-        """Carry out a decision; whether envs have to move (the next intervals are settling)."""
+    async def apply(self, m: Measurement, d: Decision) -> Applied:
+        """Carry out a decision; what it changed (envs that have to move make the next intervals settling)."""
         venv, pool = self.venv, self.venv._pool
         if pool is None:
-            return False
+            return Applied.NOTHING
         if d.placement is not None and d.placement != m.placement and not self.fixed_workers and not self.fixed_placement:
             new = d.placement == "process" and d.threads is not None and d.threads != venv.env_threads
             await venv._resize(max(1, d.target), d.placement, d.threads if new else None)
-            return True
+            return Applied.MOVE
         threads = d.threads if d.threads is not None and d.threads != m.threads and m.placement == "process" and not self.fixed_threads else None
         if d.target != m.num_workers and not (self.fixed_workers and d.placement is not None) and not self._handed_over:
             await venv._resize(d.target, None, threads)  # one change: workers still sending envs away keep their threads
-            return True
+            return Applied.MOVE
         if threads is not None:
             await venv.set_env_threads(threads)
-        return False
+            return Applied.THREADS
+        return Applied.NOTHING
 
     def _look(self) -> None:
         """Note whether the caller is awaiting a lock-step ``step()`` or a first-finished ``recv()`` right now."""
@@ -197,9 +206,12 @@ class ControlLoop:
             self._look()
             if time.perf_counter() < due:
                 continue
+            c0 = time.thread_time()
             cur = self._sample()
+            self.cost_s += time.thread_time() - c0
             if cur.steps - prev.steps < max(30, 8 * self.venv.num_workers) and cur.t - prev.t < self.max_interval:
                 continue
+            await asyncio.sleep(0)  # the host's reads and the decision are two turns of the loop, not one
             c0 = time.thread_time()
             pool = self.venv._pool
             if pool is None:
@@ -220,7 +232,10 @@ class ControlLoop:
             })
             self.cost_s += time.thread_time() - c0
             c0 = time.thread_time()
-            settle = await self.apply(m, Decision(d.target, d.reason, d.measured, threads, placement))
+            applied = await self.apply(m, Decision(d.target, d.reason, d.measured, threads, placement))
+            settle = applied is Applied.MOVE
+            # A hold changes nothing: this interval's end is the next one's start (no gap, and one read of the host
+            # less per interval); after a change the next interval starts once it is made.
+            prev = cur if applied is Applied.NOTHING else self._sample()
             self.cost_s += time.thread_time() - c0
-            prev = self._sample()
             due = prev.t + self.min_interval * self._rng.uniform(0.9, 1.1)

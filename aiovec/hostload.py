@@ -53,11 +53,20 @@ def _cores_busy_s(cpus: frozenset[int]) -> float | None:
     return ticks / _TICK
 
 
+def read_proc(path: str) -> bytes:
+    """A small ``/proc`` file (a process's or thread's ``stat`` or ``schedstat``, under 4 KiB) in one read, without a
+    Python file object: the control loop reads a few per worker each interval, on the event loop."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
 def process_cpu_s(pid: int) -> float | None:
     """User plus system CPU seconds of process ``pid``, all its threads (``/proc/<pid>/stat``); None if it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        data = read_proc(f"/proc/{pid}/stat")
         fields = data[data.rindex(b")") + 2:].split()  # the name may hold spaces and parentheses
         return (int(fields[11]) + int(fields[12])) / _TICK
     except (OSError, ValueError, IndexError):
