@@ -777,9 +777,10 @@ def _scatter(xs: list[float]) -> float:
 def _inner_scatter(xs: list[float]) -> float:
     """:func:`_scatter` of a visit's intervals without the one furthest from their median, where there are three or
     more: the bar a move to more resources must clear by its median of three, which ignores one interval out of line,
-    ignores it too. A threads move's first interval still runs commands sent before it: 40 envs of 0.05 ms CPU and 1 ms
-    waiting went 4p x 5t -> 4p x 10t and read 9,886, 11,788 and 10,769 steps/s against 9,530 before it; the three lay
-    18% apart, which raised the bar to +15%, and the +13% was reverted (0.80x the best static in that run)."""
+    ignores it too. 40 envs of 0.05 ms CPU and 1 ms waiting went 4p x 5t -> 4p x 10t (a threads move: its first interval
+    still runs commands sent before it) and read 9,886, 11,788 and 10,769 steps/s against 9,530 before it; the three lay
+    18% apart, which raised the bar to +15%, and the +13% was reverted (0.80x the best static in that run). The two
+    nearest their median lie 8% apart."""
     if len(xs) < 3:
         return _scatter(xs)
     mid = statistics.median(xs)
