@@ -9,11 +9,13 @@ adaptive / best static, per round (against that round's best) and of the medians
 read, as the issue defines them, the ratio of medians and each adaptive run over the best median.
 
 Every run starts its own vector env, steps :data:`STATIC_WARM_S` uncounted (the adaptive run gets ``warm``, 3 s:
-it must converge there, within 10 control intervals) and then counts :data:`WINDOW_S`. At the end of each round the
-setting with the best median so far runs once more in the adaptive run's slot (its warm-up and counted window):
-what a controller that knew that setting from the start would show against the same medians, the floor of any
-controller's figures in that run, never counted as a pass; :func:`floor_tally` holds those runs to the same
-throughput checks and names the adaptive's misses they do not share. A scenario whose env cost changes counts the whole
+it must converge there, within 10 control intervals) and then counts :data:`WINDOW_S`. A round runs the static grid
+(in turn forwards and backwards), then the adaptive run and, right beside it (in turn after and before it), the
+setting with the best median so far once more, with the adaptive run's warm-up and counted window: what a controller
+that knew that setting from the start would show against the same medians, seconds from the adaptive run (this
+shared VM's pace drifts over tens of seconds), the floor of any controller's figures in that run, never counted as a
+pass; :func:`floor_tally` holds those runs to the same throughput checks and names the adaptive's misses they do not
+share. A scenario whose env cost changes counts the whole
 schedule from its start, for static and adaptive alike; the schedule's start time is in the envs' kwargs (an env
 that moves to another worker is built again from them), a few seconds after the vector env is
 made, so it starts when the run is ready. Its re-adaptation is counted per change of cost: control
@@ -258,6 +260,11 @@ def ended_at(a: dict[str, Any]) -> str:
     return Config("process", a["processes"], a["threads"]).label
 
 
+FLOOR_RUN = "beside"
+"""Where the floor's run of the best static setting lies in a round: ``"beside"`` the adaptive run (from 2026-12-07;
+results written before carry no such field: it ran at the end of the round, after the second half of the grid)."""
+
+
 def run_scenario(s: Scenario, repeats: int, warm: float, seconds: float, log: Any = print) -> dict[str, Any]:
     """Interleaved rounds of the static grid and the adaptive controller; medians, ranges and ratios."""
     grid = s.grid(available_cpus())
@@ -270,19 +277,21 @@ def run_scenario(s: Scenario, repeats: int, warm: float, seconds: float, log: An
     samples: dict[str, list[float]] = {c.label: [] for c in grid}
     by_label = {c.label: c for c in grid}
     auto: list[dict[str, Any]] = []
-    rerun: list[tuple[str, float]] = []  # the best median so far, run again in the adaptive's window
+    rerun: list[tuple[str, float]] = []  # the best median so far, run again beside the adaptive run
     for r in range(repeats):
-        order = grid if r % 2 == 0 else grid[::-1]
-        half = len(order) // 2
-        for c in order[:half]:
-            samples[c.label].append(run(measure(s, c, warm_static, seconds))["steps_per_s"])
-        a = run(measure(s, "auto", warm_auto, seconds))
-        auto.append(a)
-        for c in order[half:]:
+        for c in grid if r % 2 == 0 else grid[::-1]:
             samples[c.label].append(run(measure(s, c, warm_static, seconds))["steps_per_s"])
         best_r = max(samples, key=lambda k: samples[k][-1])
         so_far = max(samples, key=lambda k: statistics.median(samples[k]))
-        rerun.append((so_far, run(measure(s, by_label[so_far], warm_auto, seconds))["steps_per_s"]))
+        # The adaptive run and the floor's run side by side (in turn first), so that both see the same host.
+        again: float | None = None
+        if r % 2:
+            again = run(measure(s, by_label[so_far], warm_auto, seconds))["steps_per_s"]
+        a = run(measure(s, "auto", warm_auto, seconds))
+        auto.append(a)
+        if again is None:
+            again = run(measure(s, by_label[so_far], warm_auto, seconds))["steps_per_s"]
+        rerun.append((so_far, again))
         log(f"  round {r + 1}: adaptive {a['steps_per_s']:,.0f} steps/s ({a['placement']}, {a['processes']}p x {a['threads']}t); "
             f"best static {best_r} {samples[best_r][-1]:,.0f}; {so_far} again in the adaptive's window {rerun[-1][1]:,.0f}")
     med = {k: statistics.median(v) for k, v in samples.items()}
@@ -486,4 +495,4 @@ def _write(out: str, results: dict[str, Any], t0: float, warm: float, seconds: f
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:
         json.dump({"elapsed_s": time.perf_counter() - t0, "cpus": os.cpu_count(), "warm_s": min(warm, STATIC_WARM_S),
-                   "warm_auto_s": warm, "window_s": seconds, "results": results}, f, indent=1, default=str)
+                   "warm_auto_s": warm, "window_s": seconds, "floor_run": FLOOR_RUN, "results": results}, f, indent=1, default=str)

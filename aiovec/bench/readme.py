@@ -59,10 +59,12 @@ def controller_block(path: Path) -> str:
             "until the configuration stops changing (a reverted probe counts as holding), per round. The targets, as the "
             "issue defines them: adaptive's median over the best static median (the best of the settings' medians), and "
             "each adaptive run over that same median; the per-round column (each round over its fastest setting, the "
-            "luckiest of several that tie) is stricter. Best static again: at the end of each round the setting with the "
-            "best median so far ran once more with the adaptive run's warm-up and counted window, against the same best "
-            "static median: what a controller that knew the best setting from the start would show in that run (the "
-            "floor of the checks; shown beside them, never counted as a pass).")
+            "luckiest of several that tie) is stricter. Best static again: " + (
+                "right beside each adaptive run (in turn after and before it), after the round's static settings, "
+                if r.get("floor_run") == "beside" else "at the end of each round ") +
+            "the setting with the best median so far ran once more with the adaptive run's warm-up and counted window, "
+            "against the same best static median: what a controller that knew the best setting from the start would "
+            "show in that run (the floor of the checks; shown beside them, never counted as a pass).")
     readapt = [f"{k}: {v['adaptive']['readapt_intervals']}" for k, v in res.items() if any(v["adaptive"].get("readapt_intervals") or [])]
     tail = [""] + (["Re-adaptation, control intervals after each change of cost, per round: " + "; ".join(readapt) + ".", ""]
                    if readapt else []) + ["Targets:"] + [f"- [{'x' if t.startswith('PASS') else ' '}] {t[5:]}" for t in targets(res)]
