@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 from typing import Any
 
@@ -23,11 +24,37 @@ def resolve(env_id: str, num_envs: int, env_kwargs: dict[str, Any] | None, optio
         raise ConfigError(f"num_envs must be a positive int, got {num_envs!r}")
     try:
         spec = gym.spec(env_id)
+    except gym.error.NamespaceNotFound as exc:
+        spec = _plugin_spec(env_id, exc)
     except gym.error.Error as exc:
         raise ConfigError(f"unknown env id {env_id!r}: {exc}") from None
     vec_kwargs = {k: v for k, v in options.items() if k in _VEC_OPTIONS}
     kwargs = {**(env_kwargs or {}), **{k: v for k, v in options.items() if k not in _VEC_OPTIONS}}
     return spec, kwargs, vec_kwargs
+
+
+PLUGINS = {"ALE": "ale_py"}
+"""Env namespaces whose package registers them only when asked (``gymnasium.register_envs``), by the module to
+ask: since gymnasium 1.0, ``gymnasium.make("ALE/Pong-v5")`` fails until the caller has imported and registered
+ale-py, even with it installed. ``aiovec.make`` registers it itself; the spec then names its entry point, which
+the workers import."""
+
+
+def _plugin_spec(env_id: str, exc: gym.error.Error) -> Any:
+    """The spec of ``env_id`` after registering its namespace's package (:data:`PLUGINS`), or ``ConfigError``."""
+    namespace = env_id.split("/", 1)[0]
+    module = PLUGINS.get(namespace)
+    if module is None:
+        raise ConfigError(f"unknown env id {env_id!r}: {exc}") from None
+    try:
+        gym.register_envs(importlib.import_module(module))
+    except ImportError:
+        raise ConfigError(f"unknown env id {env_id!r}: the {namespace} envs need {module} (pip install "
+                          f"{module.replace('_', '-')})") from None
+    try:
+        return gym.spec(env_id)
+    except gym.error.Error as again:
+        raise ConfigError(f"unknown env id {env_id!r}: {again}") from None
 
 
 def make(env_id: str, num_envs: int, *, env_kwargs: dict[str, Any] | None = None, **options: Any) -> AsyncVecEnv:

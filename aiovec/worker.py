@@ -62,7 +62,7 @@ class _RunQueueClock:
 
 
 class _Slot:
-    __slots__ = ("env", "needs_reset", "done", "steps", "was_reset", "pre_reset_rng", "reset_args")
+    __slots__ = ("env", "needs_reset", "done", "steps", "was_reset", "pre_reset_rng", "pre_reset_emulator", "reset_args")
 
     def __init__(self, env: Any) -> None:
         self.env = env
@@ -71,6 +71,7 @@ class _Slot:
         self.steps = 0  # steps since the last reset
         self.was_reset = False  # never reset yet: its state is fresh
         self.pre_reset_rng: Any = None  # np_random as it was just before the last reset
+        self.pre_reset_emulator: Any = None  # the same for an emulator's own state (see _emulator_state), if any
         self.reset_args: tuple[Any, Any] = (None, None)  # (seed, options) of the last reset
 
     def reset(self, seed: Any = None, options: Any = None, replayable: bool = True) -> tuple[Any, dict]:
@@ -78,6 +79,8 @@ class _Slot:
         autoreset is not ``replayable``: its env is never at an episode boundary before its next step
         ends one, so it only moves as ``"ended"`` (this saves a generator snapshot per episode)."""
         self.pre_reset_rng = _snapshot(self.env.unwrapped.np_random) if replayable else None
+        # A seeded reset re-seeds an emulator too: only an unseeded one continues from the state it was in.
+        self.pre_reset_emulator = _emulator_state(self.env) if replayable and seed is None else None
         self.reset_args = (seed, options)
         obs, info = self.env.reset(seed=seed, options=options)
         self.steps = 0
@@ -89,16 +92,19 @@ class _Slot:
         """Portable state at an episode boundary; an env mid-episode cannot move.
 
         Besides the generator it carries the wrappers' own attributes (a normalisation's running
-        statistics, counters), when they pickle; the env under the wrappers is rebuilt by its factory.
+        statistics, counters), when they pickle, and an emulator's state where the env has one that its
+        next episodes depend on (:func:`_emulator_state`); the env under the wrappers is rebuilt by its factory.
         """
         if not self.was_reset:
             return {"kind": "fresh"}
         if self.done:  # episode over, next call resets: only the generator matters
-            state = {"kind": "ended", "np_random": self.env.unwrapped.np_random, "needs_reset": self.needs_reset}
+            state = {"kind": "ended", "np_random": self.env.unwrapped.np_random, "needs_reset": self.needs_reset,
+                     "emulator": _emulator_state(self.env)}
         elif self.steps == 0:  # just reset: replay that reset from the generator it started with
             if self.pre_reset_rng is None:
                 raise RuntimeError("env was just reset by a next-step autoreset; it can only move at the end of its episode")
-            state = {"kind": "replay", "np_random": _restore(self.pre_reset_rng), "reset_args": self.reset_args}
+            state = {"kind": "replay", "np_random": _restore(self.pre_reset_rng), "reset_args": self.reset_args,
+                     "emulator": self.pre_reset_emulator}
         else:
             raise RuntimeError(f"env is {self.steps} steps into an episode; it can only move at an episode boundary")
         state["wrappers"] = _wrapper_state(self.env)
@@ -108,12 +114,31 @@ class _Slot:
         kind = state["kind"]
         if kind == "ended":
             self.env.unwrapped.np_random = state["np_random"]
+            _restore_emulator(self.env, state.get("emulator"))
             self.done, self.needs_reset, self.steps, self.was_reset = True, state["needs_reset"], 1, True
         elif kind == "replay":
             self.env.unwrapped.np_random = state["np_random"]
+            _restore_emulator(self.env, state.get("emulator"))
             self.reset(*state["reset_args"])
         # after a replayed reset: the wrappers' state at export already counted that reset once
         _restore_wrappers(self.env, state.get("wrappers"))
+
+
+def _emulator_state(env: Any) -> Any:
+    """State outside ``np_random`` that an env's next episodes depend on, where aiovec knows it; else None.
+
+    An Atari env (ale-py) keeps the emulator's own random generator (sticky actions, the noise of ``reset``), which an
+    unseeded ``reset()`` continues from: rebuilt elsewhere, a moved Breakout took other paths from its next episode
+    on. ``clone_state(include_rng=True)`` (~60 us, ~14 KB) carries it and ``restore_state`` puts it back."""
+    unwrapped = env.unwrapped
+    if type(unwrapped).__module__.startswith("ale_py"):
+        return unwrapped.clone_state(include_rng=True)
+    return None
+
+
+def _restore_emulator(env: Any, state: Any) -> None:
+    if state is not None:
+        env.unwrapped.restore_state(state)
 
 
 def _wrapper_state(env: Any) -> bytes | None:
