@@ -97,7 +97,7 @@ class _Slot:
         """
         if not self.was_reset:
             return {"kind": "fresh"}
-        if self.done:  # episode over, next call resets: only the generator matters
+        if self.done:  # episode over, next call resets: the generators (np_random, an emulator's) are what matter
             state = {"kind": "ended", "np_random": self.env.unwrapped.np_random, "needs_reset": self.needs_reset,
                      "emulator": _emulator_state(self.env)}
         elif self.steps == 0:  # just reset: replay that reset from the generator it started with
@@ -137,6 +137,7 @@ def _emulator_state(env: Any) -> Any:
 
 
 def _restore_emulator(env: Any, state: Any) -> None:
+    """Put back what :func:`_emulator_state` took (None: nothing to put back)."""
     if state is not None:
         env.unwrapped.restore_state(state)
 

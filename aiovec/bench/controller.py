@@ -15,10 +15,9 @@ setting with the best median so far once more, with the adaptive run's warm-up a
 that knew that setting from the start would show against the same medians, seconds from the adaptive run (this
 shared VM's pace drifts over tens of seconds), the floor of any controller's figures in that run, never counted as a
 pass; :func:`floor_tally` holds those runs to the same throughput checks and names the adaptive's misses they do not
-share. A scenario whose env cost changes counts the whole
-schedule from its start, for static and adaptive alike; the schedule's start time is in the envs' kwargs (an env
-that moves to another worker is built again from them), a few seconds after the vector env is
-made, so it starts when the run is ready. Its re-adaptation is counted per change of cost: control
+share. A scenario whose env cost changes counts the whole schedule from its start, for static and adaptive alike;
+the schedule's start time is in the envs' kwargs (an env that moves to another worker is built again from them), a
+few seconds after the vector env is made, so it starts when the run is ready. Its re-adaptation is counted per change of cost: control
 intervals from the change until the configuration stops changing in that phase.
 
 The demo (``aiovec demo``) runs these same scenarios (those marked ``demo``) against a short
