@@ -23,9 +23,12 @@ def resolve(env_id: str, num_envs: int, env_kwargs: dict[str, Any] | None, optio
     if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
         raise ConfigError(f"num_envs must be a positive int, got {num_envs!r}")
     try:
-        spec = gym.spec(env_id)
-    except gym.error.NamespaceNotFound as exc:
-        spec = _plugin_spec(env_id, exc)
+        try:
+            spec = gym.spec(env_id)
+        except gym.error.NamespaceNotFound:
+            if not _register_namespace(env_id):
+                raise
+            spec = gym.spec(env_id)
     except gym.error.Error as exc:
         raise ConfigError(f"unknown env id {env_id!r}: {exc}") from None
     vec_kwargs = {k: v for k, v in options.items() if k in _VEC_OPTIONS}
@@ -40,21 +43,22 @@ ale-py, even with it installed. ``aiovec.make`` registers it itself; the spec th
 the workers import."""
 
 
-def _plugin_spec(env_id: str, exc: gym.error.Error) -> Any:
-    """The spec of ``env_id`` after registering its namespace's package (:data:`PLUGINS`), or ``ConfigError``."""
+def _register_namespace(env_id: str) -> bool:
+    """Register the package of ``env_id``'s namespace (:data:`PLUGINS`); False where aiovec knows none.
+
+    Raises:
+        ConfigError: the namespace's package is not installed (the message names what to install).
+    """
     namespace = env_id.split("/", 1)[0]
     module = PLUGINS.get(namespace)
     if module is None:
-        raise ConfigError(f"unknown env id {env_id!r}: {exc}") from None
+        return False
     try:
         gym.register_envs(importlib.import_module(module))
     except ImportError:
         raise ConfigError(f"unknown env id {env_id!r}: the {namespace} envs need {module} (pip install "
                           f"{module.replace('_', '-')})") from None
-    try:
-        return gym.spec(env_id)
-    except gym.error.Error as again:
-        raise ConfigError(f"unknown env id {env_id!r}: {again}") from None
+    return True
 
 
 def make(env_id: str, num_envs: int, *, env_kwargs: dict[str, Any] | None = None, **options: Any) -> AsyncVecEnv:
