@@ -54,8 +54,9 @@ def _cores_busy_s(cpus: frozenset[int]) -> float | None:
 
 
 def read_proc(path: str) -> bytes:
-    """A small ``/proc`` file (a process's or thread's ``stat`` or ``schedstat``, under 4 KiB) in one read, without a
-    Python file object: the control loop reads a few per worker each interval, on the event loop."""
+    """A small ``/proc`` file (a process's or thread's ``stat``, ``statm`` or ``schedstat``, under 4 KiB) in one read,
+    without a Python file object: the control loop reads a few per worker each interval, and the pool a worker's
+    ``statm`` where it recycles fat workers, on the event loop."""
     fd = os.open(path, os.O_RDONLY)
     try:
         return os.read(fd, 4096)

@@ -23,6 +23,7 @@ import numpy as np
 from . import protocol as P
 from .backends.base import Backend, WorkerHandle
 from .errors import ClosedError, EnvError, WorkerCrashedError, describe_exit, env_error
+from .hostload import read_proc
 from .stats import Stats
 
 ReplyHandler = Callable[[int, tuple[Any, ...] | None, BaseException | None], None]
@@ -891,8 +892,7 @@ def _fail_deferred(wid: int, deferred: list, err: BaseException) -> None:
 def _rss_mb(pid: int) -> float:
     """Resident memory of a process in MiB (Linux /proc; 0 where unavailable)."""
     try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+        return int(read_proc(f"/proc/{pid}/statm").split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, ValueError, IndexError):
         return 0.0
 
