@@ -68,13 +68,17 @@ def default_signals() -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One OpenMP/MKL thread per process (torch), here and in every script and worker the suite starts.
+    """Environment for this process and every script and worker the suite starts (before any test module imports).
 
-    The suite runs many processes on few cores, where OpenMP's spinning threads thrash: a CleanRL
-    test took 78 s instead of 14 s on a busy 2-core machine. Runs before test modules import torch.
+    One OpenMP/MKL thread per process (torch): the suite runs many processes on few cores, where OpenMP's
+    spinning threads thrash (a CleanRL test took 78 s instead of 14 s on a busy 2-core machine). And Ray's
+    crash handler off, so that a crash inside Ray shows its tracebacks in the test log.
     """
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
+    # Ray's own crash handler writes a crash's stack to its session log, which ends with the run; without
+    # it Python's faulthandler (on under pytest) prints every thread's traceback to the test log.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 
 # -- running coroutines -----------------------------------------------------------------
@@ -414,7 +418,6 @@ def assert_rows_match(res: aiovec.StepResult, wants: list[tuple[Any, float, bool
 # Whole modules are marked here; single tests carry their marks in their own files too.
 MODULE_MARKS: dict[str, tuple[str, ...]] = {
     "test_ray.py": ("ray", "slow"),
-    "test_ray_cluster.py": ("ray", "slow"),
     "test_webservice_browser.py": ("browser", "slow"),
     "test_webservice.py": ("slow",),
     "test_ppo.py": ("slow",),
@@ -445,6 +448,7 @@ TEST_MARKS: dict[str, tuple[str, ...]] = {
     "test_misuse.py::test_recv_timeout_loses_nothing_and_late_result_keeps_its_env_id": ("slow",),
     "test_misuse.py::test_recv_timeout_with_partial_batch_keeps_ready_results": ("slow",),
     "test_tracebacks.py::test_env_error_traceback_names_the_main_script": ("subprocess",),
+    "test_ray.py::test_a_ray_the_vector_env_started_stops_with_it": ("subprocess",),
 }
 
 
