@@ -76,8 +76,8 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
-    # Ray's own crash handler writes a crash's stack to its session log, which ends with the run; without
-    # it Python's faulthandler (on under pytest) prints every thread's traceback to the test log.
+    # Ray's crash handler stays installed after its session ends (the one crash CI saw printed nothing);
+    # without it Python's faulthandler (on under pytest) prints every thread's traceback to the test log.
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 
