@@ -448,7 +448,7 @@ TEST_MARKS: dict[str, tuple[str, ...]] = {
     "test_misuse.py::test_recv_timeout_loses_nothing_and_late_result_keeps_its_env_id": ("slow",),
     "test_misuse.py::test_recv_timeout_with_partial_batch_keeps_ready_results": ("slow",),
     "test_tracebacks.py::test_env_error_traceback_names_the_main_script": ("subprocess",),
-    "test_ray.py::test_a_ray_the_vector_env_started_stops_with_it": ("subprocess",),
+    "test_ray.py::test_a_ray_started_by_the_vector_env_stops_with_it": ("subprocess",),
 }
 
 

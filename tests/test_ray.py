@@ -206,7 +206,7 @@ STARTS_AND_STOPS_RAY = textwrap.dedent("""
 """)
 
 
-def test_a_ray_the_vector_env_started_stops_with_it() -> None:
+def test_a_ray_started_by_the_vector_env_stops_with_it() -> None:
     """Without a Ray session, ``backend="ray"`` starts a local Ray and ``close()`` stops it, every process of it.
 
     In a script of its own: one Ray session per process (``ray_cluster``). ``RAY_ADDRESS=local``
