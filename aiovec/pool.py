@@ -270,7 +270,7 @@ class WorkerPool:
             self.stats.retire(wid)
         self.workers.clear()
         for backend in self.backends.values():
-            backend.close()
+            await backend.aclose()
 
     def _fail_outstanding(self, err: BaseException) -> None:
         """End every command still unanswered (a worker killed after the grace period may leave no exit report, an

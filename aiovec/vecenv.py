@@ -126,8 +126,9 @@ class AsyncVecEnv:
             so the caller sees nothing but ``stats()["recycled"]``.
         backend: ``"process"`` (default: worker processes on this machine) or ``"ray"``
             (workers are Ray actors; ``pip install 'aiovec[ray]'``). With ``"ray"``,
-            ``ray_address`` names an existing cluster (default: a local Ray started for
-            this vector env and shut down with it, unless Ray is already initialised) and
+            ``ray_address`` names an existing cluster (default: a local Ray). With no Ray
+            initialised, this vector env starts it, others opened meanwhile join it, and the
+            last of them to close shuts it down; a Ray the caller initialised is left running.
             ``ray_options`` pass through to the actors' ``.options()`` (``num_cpus``, resources).
         env_threads: threads per worker that step a command's envs concurrently; worth it for
             envs that wait with the GIL released (I/O, sleeps, C simulators), useless for

@@ -189,15 +189,26 @@ STARTS_AND_STOPS_RAY = textwrap.dedent("""
     import aiovec
 
 
+    async def steps(venv: aiovec.AsyncVecEnv, n: int) -> None:
+        for _ in range(n):
+            await asyncio.wait_for(venv.step(np.zeros(venv.num_envs, dtype=np.int64)), 60)
+
+
     async def main() -> None:
-        async with aiovec.make("CartPole-v1", 2, num_workers=2, backend="ray") as venv:
-            await venv.reset(seed=0)
-            for _ in range(3):
-                await asyncio.wait_for(venv.step(np.zeros(2, dtype=np.int64)), 60)
-            assert ray.is_initialized(), "the vector env did not start Ray"
-            started = psutil.Process().children(recursive=True)
-            assert any("raylet" in " ".join(p.cmdline()) for p in started), [p.cmdline() for p in started]
-        assert not ray.is_initialized(), "close() left Ray initialized"
+        first = aiovec.make("CartPole-v1", 2, num_workers=2, backend="ray")
+        await first.reset(seed=0)
+        assert ray.is_initialized(), "the vector env did not start Ray"
+        second = aiovec.make("CartPole-v1", 3, num_workers=1, backend="ray")  # joins the Ray the first started
+        await second.reset(seed=1)
+        await steps(first, 3)
+        await steps(second, 3)
+        started = psutil.Process().children(recursive=True)
+        assert any("raylet" in " ".join(p.cmdline()) for p in started), [p.cmdline() for p in started]
+        await first.close()
+        assert ray.is_initialized(), "closing one vector env stopped the Ray that another one runs on"
+        await steps(second, 3)
+        await second.close()
+        assert not ray.is_initialized(), "closing the last vector env on the Ray they started left it running"
         gone, alive = psutil.wait_procs(started, timeout=30)
         print("left running:", [" ".join(p.cmdline()) for p in alive])
 
@@ -207,7 +218,8 @@ STARTS_AND_STOPS_RAY = textwrap.dedent("""
 
 
 def test_a_ray_started_by_the_vector_env_stops_with_it() -> None:
-    """Without a Ray session, ``backend="ray"`` starts a local Ray and ``close()`` stops it, every process of it.
+    """Without a Ray session, ``backend="ray"`` starts a local Ray; a second vector env opened meanwhile joins it,
+    and the last one's ``close()`` stops it, every process of it (not the first's, under the second).
 
     In a script of its own: one Ray session per process (``ray_cluster``). ``RAY_ADDRESS=local``
     keeps ``ray.init()`` from joining the suite's cluster, which it would find running on this machine.

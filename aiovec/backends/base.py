@@ -71,3 +71,7 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the backend itself holds (after every worker stopped)."""
+
+    async def aclose(self) -> None:
+        """``close()`` from the event loop; a backend whose release blocks for long runs it off the loop."""
+        self.close()

@@ -11,6 +11,7 @@ in flight per actor; replies are delivered in submission order.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import deque
 from typing import Any
 
@@ -152,6 +153,53 @@ class RayWorker(WorkerHandle):
         self.kill()
 
 
+class _OwnRay:
+    """The Ray session aiovec started, shared by the vector envs that run on it; the last to close stops it.
+
+    A Ray vector env opened with no Ray running starts one (locally, or joined to ``address``); one opened while
+    that session runs joins it; closing one only stops the session once no other runs on it (stopping it under
+    another would kill that one's actors). A session the caller started with ``ray.init()`` is theirs: aiovec
+    joins it and never stops it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # vector envs may open and close on event loops in several threads
+        self.users = 0  # vector envs on the session aiovec started
+        self._session: tuple[str, str] | None = None  # which one: (job, node) of this driver in it
+
+    @staticmethod
+    def _current() -> tuple[str, str]:
+        ctx = ray.get_runtime_context()
+        return ctx.get_job_id(), ctx.get_node_id()
+
+    def join(self, address: str | None) -> bool:
+        """Join Ray, starting it when none runs; True when the session is aiovec's (``leave()`` once when done)."""
+        with self._lock:
+            if ray.is_initialized():
+                if not self.users or self._current() != self._session:
+                    return False  # the caller's session
+            else:
+                import aiovec
+
+                ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                         runtime_env={"py_modules": [aiovec]} if address else None)
+                self._session = self._current()
+            self.users += 1
+            return True
+
+    def leave(self) -> None:
+        """One vector env on aiovec's session is done with it; the last one stops it (if it still runs)."""
+        with self._lock:
+            self.users -= 1
+            if not self.users:
+                if ray.is_initialized() and self._current() == self._session:
+                    ray.shutdown()
+                self._session = None
+
+
+_OWN_RAY = _OwnRay()
+
+
 class RayBackend(Backend):
     """``backend="ray"``: workers are Ray actors; ``ray_options`` pass through to ``.options()``."""
 
@@ -163,13 +211,7 @@ class RayBackend(Backend):
         self.host_options = host_options or {}
         self.obs_space, self.action_space, self.num_envs = obs_space, action_space, num_envs
         self.autoreset_mode = autoreset_mode
-        self.started_ray = False
-        if not ray.is_initialized():
-            import aiovec
-
-            ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"py_modules": [aiovec]} if address else None)
-            self.started_ray = True
+        self.on_own_ray = _OWN_RAY.join(address)
         # A token CPU share by default so more actors than CPUs can run (waiting envs), spread
         # over nodes; pass ray_options={"num_cpus": 1, ...} to reserve whole CPUs.
         self.actor_options = {"num_cpus": 0.01, "max_restarts": 0, "scheduling_strategy": "SPREAD", **(actor_options or {})}
@@ -186,5 +228,14 @@ class RayBackend(Backend):
             return 1.0
 
     def close(self) -> None:
-        if self.started_ray and ray.is_initialized():
-            ray.shutdown()
+        if self.on_own_ray:
+            self.on_own_ray = False
+            _OWN_RAY.leave()
+
+    async def aclose(self) -> None:
+        """As ``close()``, in a thread: stopping a Ray that aiovec started takes seconds (its processes exit).
+
+        Cancelled, the thread still finishes (the loop's executor, which ``asyncio.run`` waits for).
+        """
+        if self.on_own_ray:
+            await asyncio.to_thread(self.close)
