@@ -283,14 +283,13 @@ def run_scenario(s: Scenario, repeats: int, warm: float, seconds: float, log: An
         best_r = max(samples, key=lambda k: samples[k][-1])
         so_far = max(samples, key=lambda k: statistics.median(samples[k]))
         # The adaptive run and the floor's run side by side (in turn first), so that both see the same host.
-        again: float | None = None
-        if r % 2:
-            again = run(measure(s, by_label[so_far], warm_auto, seconds))["steps_per_s"]
+        def floor_run(label: str = so_far) -> float:
+            return run(measure(s, by_label[label], warm_auto, seconds))["steps_per_s"]
+
+        again = floor_run() if r % 2 else None
         a = run(measure(s, "auto", warm_auto, seconds))
         auto.append(a)
-        if again is None:
-            again = run(measure(s, by_label[so_far], warm_auto, seconds))["steps_per_s"]
-        rerun.append((so_far, again))
+        rerun.append((so_far, floor_run() if again is None else again))
         log(f"  round {r + 1}: adaptive {a['steps_per_s']:,.0f} steps/s ({a['placement']}, {a['processes']}p x {a['threads']}t); "
             f"best static {best_r} {samples[best_r][-1]:,.0f}; {so_far} again in the adaptive's window {rerun[-1][1]:,.0f}")
     med = {k: statistics.median(v) for k, v in samples.items()}
